@@ -1,0 +1,1 @@
+"""Pipeline stages over many prompts: sampling, judging, scoring, pair export, shards."""

@@ -1,0 +1,104 @@
+"""train_dpo end to end on the bundled SmolLM2-135M, plus its two early errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from training.dpo import train_dpo
+from wim.config import Config
+
+PAIRS = [
+    (
+        "How do I boil an egg?",
+        "Place the egg in boiling water for 9 minutes, then cool it in ice water for 2 minutes.",
+        "Just cook it for a while until it seems done.",
+    ),
+    (
+        "What is the boiling point of water at sea level?",
+        "100 degrees Celsius (212 degrees Fahrenheit) at 1 atmosphere of pressure.",
+        "It boils when it gets hot enough.",
+    ),
+    (
+        "How many days are in a leap year?",
+        "366 days: February has 29 days instead of 28.",
+        "A few more than usual, I think.",
+    ),
+    (
+        "What is the capital of France?",
+        "Paris, which is also the largest city in France.",
+        "Some city in Europe.",
+    ),
+]
+
+
+def write_pairs(path, pairs=PAIRS) -> None:
+    with path.open("w") as f:
+        for i, (prompt, chosen, rejected) in enumerate(pairs):
+            row = {
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+                "prompt_id": f"test-{i:02d}",
+                "chosen_score": 0.7,
+                "rejected_score": 0.1,
+                "chosen_critique": "Nothing is missing.",
+                "rejected_critique": "Missing the concrete facts.",
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+def small_config() -> Config:
+    cfg = Config()
+    cfg.dpo.max_steps = 2
+    cfg.dpo.per_device_train_batch_size = 2
+    cfg.dpo.max_length = 96
+    return cfg
+
+
+def test_train_dpo_saves_adapter_and_metrics(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    write_pairs(pairs)
+    out = tmp_path / "train"
+
+    metrics = train_dpo(small_config(), pairs, out, progress=False)
+
+    adapter = out / "adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert metrics["train/steps"] == 2
+    assert metrics["train/pairs"] == len(PAIRS)
+    assert math.isfinite(metrics["train/loss_first"])
+    assert math.isfinite(metrics["train/loss_last"])
+    assert metrics["train/lora_delta_norm"] > 0
+    assert json.loads((out / "metrics.json").read_text()) == metrics
+    history = json.loads((out / "log_history.json").read_text())
+    assert sum("loss" in h for h in history) == 2
+
+
+def test_zero_pairs_raise_a_clear_error(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("")
+    with pytest.raises(ValueError, match="no preference pairs to train on: every prompt tied"):
+        train_dpo(small_config(), pairs, tmp_path / "train")
+
+
+def test_unknown_extra_key_is_named(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    write_pairs(pairs)
+    cfg = small_config()
+    # max_prompt_length was a DPOConfig field in older TRL; 1.16 has max_length only.
+    cfg.dpo.extra = {"warmup_steps": 1, "max_prompt_length": 64}
+    with pytest.raises(ValueError, match="'max_prompt_length' is not a trl.DPOConfig field"):
+        train_dpo(cfg, pairs, tmp_path / "train")
+
+
+def test_extra_key_that_shadows_a_dpo_field_is_refused(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    write_pairs(pairs)
+    cfg = small_config()
+    cfg.dpo.extra = {"beta": 0.5}
+    with pytest.raises(ValueError, match="'beta' has its own key; set dpo.beta instead"):
+        train_dpo(cfg, pairs, tmp_path / "train")

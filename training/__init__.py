@@ -1,0 +1,1 @@
+"""TRL training: offline DPO on exported preference pairs."""

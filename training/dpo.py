@@ -1,0 +1,160 @@
+"""Offline DPO: train a LoRA adapter with `trl.DPOTrainer` on a run's `pairs.jsonl`.
+
+The reference model is the base model with the adapter disabled (TRL does this when it gets a
+`peft_config`), so only one copy of the weights is in memory. torch, trl, peft and datasets are
+imported inside functions so that `import training.dpo` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from wim.backends import load_causal_lm
+from wim.config import Config
+
+logger = logging.getLogger(__name__)
+
+#: The only columns TRL gets; the audit columns (scores, critiques, ids) stay in pairs.jsonl.
+TRL_COLUMNS = ["prompt", "chosen", "rejected"]
+
+
+def train_dpo(
+    cfg: Config,
+    pairs_path: str | Path,
+    out_dir: str | Path,
+    *,
+    model_name: str | None = None,
+    progress: bool = True,
+) -> dict[str, float | int]:
+    """Train a LoRA adapter with DPO on the pairs and save it to `out_dir/adapter`.
+
+    Also writes `out_dir/metrics.json` and `out_dir/log_history.json`. Returns `train/steps`,
+    `train/loss_first`, `train/loss_last`, `train/pairs`, `train/seconds`,
+    `train/reward_accuracy_last` (when TRL logged it) and `train/lora_delta_norm`: the L2 norm
+    of the change in LoRA weights from their initial values (> 0 once anything was learned).
+    Raises ValueError when there are no pairs or `cfg.dpo.extra` names a non-DPOConfig field.
+    """
+    import torch
+    from peft import LoraConfig
+    from trl import DPOTrainer
+
+    pairs_path, out_dir = Path(pairs_path), Path(out_dir)
+    n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
+    args = _dpo_args(cfg, out_dir / "trainer", progress)
+    dataset = _load_pairs(pairs_path)
+
+    model, tokenizer = load_causal_lm(model_name or cfg.policy.model)
+    peft_config = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n and p.requires_grad}
+    initial = {n: p.detach().clone() for n, p in lora.items()}
+
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+
+    with torch.no_grad():
+        delta = sum(float((lora[n] - initial[n]).pow(2).sum()) for n in lora)
+    trainer.model.save_pretrained(out_dir / "adapter")
+    tokenizer.save_pretrained(out_dir / "adapter")
+
+    history = trainer.state.log_history
+    metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
+    metrics["train/lora_delta_norm"] = math.sqrt(delta)
+    (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
+    return metrics
+
+
+def _count_pairs(pairs_path: Path) -> int:
+    if not pairs_path.is_file():
+        raise FileNotFoundError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
+    with pairs_path.open() as f:
+        n = sum(1 for line in f if line.strip())
+    if n == 0:
+        raise ValueError(
+            f"no preference pairs to train on: every prompt tied or failed to parse ({pairs_path} "
+            "is empty). Sample more responses per prompt (generation.k), use more prompts, set "
+            "pairs.tie_policy to 'first' or 'random', or use a stronger judge."
+        )
+    return n
+
+
+def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
+    """Build `trl.DPOConfig` from `cfg.dpo` (+ `extra`), checking `extra` keys by name first."""
+    from trl import DPOConfig
+
+    dpo = {f.name: getattr(cfg.dpo, f.name) for f in dataclasses.fields(cfg.dpo)}
+    extra = dict(dpo.pop("extra"))
+    known = {f.name for f in dataclasses.fields(DPOConfig)}
+    for key in extra:
+        if key not in known:
+            raise ValueError(
+                f"dpo.extra: '{key}' is not a trl.DPOConfig field; check the spelling against "
+                "trl/trainer/dpo_config.py of the installed trl."
+            )
+        if key in dpo:
+            raise ValueError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
+    if cfg.wandb.enabled:
+        os.environ.setdefault("WANDB_PROJECT", cfg.wandb.project)  # read by the wandb callback
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        # TRL turns checkpointing on by default; for small models on CPU it only costs time.
+        # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
+        activation_checkpointing=False,
+        seed=cfg.seed,
+        report_to="wandb" if cfg.wandb.enabled else "none",
+        save_strategy="no",
+        disable_tqdm=not progress,
+    )
+    return DPOConfig(**{**kwargs, **dpo, **extra})
+
+
+def _load_pairs(pairs_path: Path):
+    from datasets import load_dataset
+
+    dataset = load_dataset("json", data_files=str(pairs_path), split="train")
+    missing = [c for c in TRL_COLUMNS if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{pairs_path}: pairs lack the column(s) {missing}; expected {TRL_COLUMNS}."
+        )
+    return dataset.select_columns(TRL_COLUMNS)
+
+
+def _summarize(history: list[dict], steps: int, n_pairs: int, seconds: float) -> dict:
+    """Metrics from TRL's log history (per-step entries carry `loss`)."""
+    logged = [h for h in history if "loss" in h]
+    metrics: dict[str, float | int] = {
+        "train/steps": int(steps),
+        "train/loss_first": float(logged[0]["loss"]) if logged else math.nan,
+        "train/loss_last": float(logged[-1]["loss"]) if logged else math.nan,
+        "train/pairs": n_pairs,
+        "train/seconds": round(seconds, 3),
+    }
+    accuracies = [h["rewards/accuracies"] for h in history if "rewards/accuracies" in h]
+    if accuracies:
+        metrics["train/reward_accuracy_last"] = float(accuracies[-1])
+    return metrics

@@ -1,0 +1,125 @@
+"""`wim run`: generate -> judge -> score -> pairs -> train -> report, in one run directory.
+
+Each stage can also run alone (`wim generate`, `wim judge`, ...). The policy model is loaded
+once and shared: the fixed judge is the same weights with any adapter disabled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from data_gen.stages import (
+    Shard,
+    export_pairs,
+    generate_samples,
+    judge_samples,
+    score_run,
+)
+from wim.backends import Backend, TransformersBackend, open_backend
+from wim.config import Config
+from wim.judges import BackendJudge
+from wim.prompts import load_prompts
+from wim.rundir import RunDir
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("generate", "judge", "score", "pairs", "train", "report")
+
+
+class Resources:
+    """Models a run needs, loaded on first use and shared between stages."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._policy: Backend | None = None
+        self._judge: BackendJudge | None = None
+        self._prompts = None
+
+    def prompts(self):
+        if self._prompts is None:
+            p = self.cfg.prompts
+            self._prompts = load_prompts(p.source, split=p.split, limit=p.limit)
+        return self._prompts
+
+    def policy(self) -> Backend:
+        if self._policy is None:
+            c = self.cfg
+            self._policy = open_backend(c.policy.backend, c.policy.model, c,
+                                        batch_size=c.generation.batch_size)
+        return self._policy
+
+    def judge(self) -> BackendJudge:
+        if self._judge is None:
+            self._judge = make_judge(self.cfg, self.policy)
+        return self._judge
+
+    def close(self) -> None:
+        for backend in (self._policy, self._judge.backend if self._judge else None):
+            if backend is not None:
+                backend.close()
+
+
+def make_judge(cfg: Config, policy) -> BackendJudge:
+    """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
+    j = cfg.judge
+    if j.role == "external":
+        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size)
+        name = j.model or cfg.http.model
+    else:
+        backend = policy()
+        name = cfg.policy.model
+        if j.role == "fixed" and isinstance(backend, TransformersBackend):
+            backend = backend.reference_view(batch_size=j.batch_size)
+    return BackendJudge(
+        backend, role=j.role, model_name=name, mode=j.mode, criteria=j.criteria,
+        instructions_in=j.instructions_in, max_new_tokens=j.max_new_tokens,
+        max_retries=j.max_retries, retry_temperature=j.retry_temperature,
+    )
+
+
+def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
+               shard: Shard | None = None, progress: bool = True,
+               resources: Resources | None = None) -> dict[str, Any]:
+    """Run the named stages in order; returns the merged stats (the report when it ran)."""
+    own = resources is None
+    res = resources or Resources(cfg)
+    stats: dict[str, Any] = {}
+    try:
+        for stage in stages:
+            logger.info("stage %s", stage)
+            if stage == "generate":
+                stats.update(generate_samples(cfg, run, res.prompts(), res.policy(), shard,
+                                              progress))
+            elif stage == "judge":
+                stats.update(judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress))
+            elif stage == "score":
+                stats.update(score_run(cfg, run))
+            elif stage == "pairs":
+                stats.update(export_pairs(cfg, run))
+            elif stage == "train":
+                stats.update(train_run(cfg, run, progress))
+            elif stage == "report":
+                from training.report import write_report
+
+                stats = write_report(cfg, run)
+            else:
+                raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(STAGES)}")
+    finally:
+        if own:
+            res.close()
+    return stats
+
+
+def train_run(cfg: Config, run: RunDir, progress: bool = True) -> dict[str, Any]:
+    import json
+    import time
+
+    from training.dpo import train_dpo
+
+    start = time.perf_counter()
+    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress)
+    metrics["time/train"] = time.perf_counter() - start
+    (run.file("stats")).mkdir(exist_ok=True)
+    (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

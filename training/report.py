@@ -1,0 +1,168 @@
+"""The run report: report.json (flat metric keys), report.md, report.html, plots/*.png."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+from wim.config import Config
+from wim.metrics import judge_statistics, pair_statistics, system_values
+from wim.records import read_records
+from wim.rundir import RunDir
+
+SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
+SMALL_JUDGE_NOTE = (
+    "The judge here is SmolLM2-135M, a 135M-parameter model. It writes fluent text but cannot "
+    "really judge: its ratings and critiques are close to noise, so these numbers show that "
+    "every stage runs for real (parsing, scoring, tie and delta statistics, training), not that "
+    "WIM beats numeric ratings. For quality claims, set `judge.role: external` with a strong "
+    "model (for example over HTTP: `judge.backend: http`, `http.base_urls`)."
+)
+
+
+def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    stats = run.file("stats")
+    for stage in ("generate", "judge", "score", "pairs", "train"):
+        path = stats / f"{stage}.json"
+        if path.exists():
+            report.update(json.loads(path.read_text()))
+    judgements = read_records(run.judgements)
+    scores = read_records(run.scores)
+    report.update(judge_statistics(judgements))
+    report.update(pair_statistics(scores, cfg.scoring.zeta, cfg.scoring.report_zetas,
+                                  cfg.pairs.tie_tolerance))
+    report["tokens/generated"] = report.get("tokens/policy/out", 0)
+    report["judge/role"] = cfg.judge.role
+    report["judge/model"] = judgements[0]["judge_model"] if judgements else None
+    report["judge/mode"] = cfg.judge.mode
+    report["policy/model"] = cfg.policy.model
+    report["score/embedder"] = cfg.scoring.embedder
+    report["score/zeta"] = cfg.scoring.zeta
+    return report
+
+
+def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
+    report = collect_metrics(cfg, run)
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
+    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    plots = _plot_histograms(cfg, run)
+    markdown = render_markdown(clean, cfg, plots)
+    run.file("report.md").write_text(markdown)
+    run.file("report.html").write_text(_html(markdown, plots))
+    if cfg.wandb.enabled:
+        _log_wandb(cfg, clean)
+    return clean
+
+
+def _fmt(value: Any, pct: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
+    return str(value)
+
+
+def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
+    systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
+               ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
+    systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
+    lines = [
+        "# WIM run report",
+        "",
+        f"Policy `{r['policy/model']}`; judge `{r['judge/model']}` (role {r['judge/role']}, "
+        f"mode {r['judge/mode']}); embedder `{r['score/embedder']}`.",
+        "",
+    ]
+    if r["judge/model"] in SMALL_JUDGES:
+        lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
+    lines += [
+        f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
+        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking. "
+        f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
+        f"{r.get('pairs/ties_dropped', 0)}/"
+        f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",
+        "",
+        "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
+        "",
+        "| metric | " + " | ".join(label for _, label in systems) + " |",
+        "|---" * (len(systems) + 1) + "|",
+    ]
+    rows = [("tie rate (within-prompt sample pairs)", "tie_rate", True),
+            ("mean abs delta", "delta", False),
+            ("mean best-worst delta", "delta_best_worst", False),
+            ("prompts with no usable pair", "no_pair_share", True),
+            ("agreement with numeric (non-tied pairs)", "agreement", True)]
+    for label, key, pct in rows:
+        cells = [_fmt(r.get(f"pairs/{key}/{s}"), pct) if not (key == "agreement" and s == "numeric")
+                 else "-" for s, _ in systems]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    zetas = [z for z in cfg.scoring.report_zetas if f"zeta/{z:g}/tie_rate" in r]
+    if zetas:
+        lines += ["", "## zeta sweep", "", "| zeta | tie rate | mean abs delta | agreement |",
+                  "|---|---|---|---|"]
+        for z in zetas:
+            lines.append(f"| {z:g} | {_fmt(r[f'zeta/{z:g}/tie_rate'], True)} | "
+                         f"{_fmt(r[f'zeta/{z:g}/delta'])} | "
+                         f"{_fmt(r.get(f'zeta/{z:g}/agreement'), True)} |")
+    domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
+    if domains:
+        names = [s for s, _ in systems]
+        lines += ["", "## Per domain", "",
+                  "| domain | " + " | ".join(f"tie rate {s}" for s in names) + " | "
+                  + " | ".join(f"delta {s}" for s in names) + " |",
+                  "|---" * (1 + 2 * len(names)) + "|"]
+        for d in domains:
+            ties = [_fmt(r.get(f"domain/{d}/tie_rate/{s}"), True) for s in names]
+            deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
+            lines.append(f"| {d} | " + " | ".join(ties + deltas) + " |")
+    lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
+    for key in sorted(k for k in r if k.startswith(("tokens/", "time/"))):
+        lines.append(f"| {key} | {_fmt(r[key])} |")
+    if "train/steps" in r:
+        lines += ["", "## Training (TRL DPO, LoRA)", "",
+                  f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
+                  f"{_fmt(r.get('train/loss_first'))} -> {_fmt(r.get('train/loss_last'))}; "
+                  f"LoRA weight change (L2) {_fmt(r.get('train/lora_delta_norm'))}."]
+    for plot in plots:
+        lines += ["", f"![{plot}]({plot})"]
+    return "\n".join(lines) + "\n"
+
+
+def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:
+    scores = [r for r in read_records(run.scores) if r.get("rating_norm") is not None]
+    if not scores:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = [system_values(r, cfg.scoring.zeta, []) for r in scores]
+    systems = [s for s in ("numeric", "wim", "mixed") if any(s in v for v in values)]
+    fig, axes = plt.subplots(1, len(systems), figsize=(4 * len(systems), 3), squeeze=False)
+    for ax, s in zip(axes[0], systems, strict=True):
+        ax.hist([v[s] for v in values if s in v], bins=40, range=(0, 10), color="tab:blue")
+        ax.set_title(s if s != "mixed" else f"mixed (zeta={cfg.scoring.zeta:g})")
+        ax.set_xlabel("score on the 1-10 scale")
+    axes[0][0].set_ylabel("samples")
+    fig.tight_layout()
+    (run.file("plots")).mkdir(exist_ok=True)
+    fig.savefig(run.file("plots") / "score_hist.png", dpi=100)
+    plt.close(fig)
+    return ["plots/score_hist.png"]
+
+
+def _html(markdown: str, plots: list[str]) -> str:
+    images = "".join(f'<img src="{p}" alt="{p}">' for p in plots)
+    return (f"<!doctype html><meta charset='utf-8'><title>WIM run report</title>"
+            f"<pre style='white-space:pre-wrap'>{html.escape(markdown)}</pre>{images}\n")
+
+
+def _log_wandb(cfg: Config, report: dict[str, Any]) -> None:
+    import wandb
+
+    with wandb.init(project=cfg.wandb.project, config=cfg.to_dict()) as wb:
+        wb.log({k: v for k, v in report.items() if isinstance(v, (int, float))})

@@ -1,0 +1,5 @@
+import sys
+
+from wim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""The `wim` command. Heavy imports happen inside the commands, so `wim --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from wim.config import ConfigError, apply_overrides, config_from_dict, read_yaml
+
+STAGE_COMMANDS = {
+    "generate": "sample k responses per prompt from the policy (samples.jsonl)",
+    "judge": "judge each sample: what is missing + a 1-10 rating (judgements.jsonl)",
+    "score": "(re-)score judgements with scoring.zeta and the embedder; no judge calls",
+    "pairs": "build chosen/rejected pairs (pairs.jsonl, pairs/ dataset)",
+    "train": "DPO-train a LoRA adapter on the pairs with TRL (train/)",
+    "report": "write report.json, report.md, report.html and plots/",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wim",
+        description="Build 'What Is Missing' preference datasets and train models on them "
+        "with DPO.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_common(p: argparse.ArgumentParser, source_help: str) -> None:
+        p.add_argument("source", help=source_help)
+        p.add_argument("--out", help="run directory (default: SOURCE when it is a run directory)")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a config field, e.g. scoring.zeta=1")
+        p.add_argument("--shard", help="run only shard i of n (i/n), e.g. 0/2")
+        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    run = sub.add_parser("run", help="run every stage: generate, judge, score, pairs, train, "
+                         "report")
+    add_common(run, "experiment YAML (e.g. configs/quickstart.yaml)")
+    run.add_argument("--skip-train", action="store_true", help="stop after building pairs")
+    for name, text in STAGE_COMMANDS.items():
+        add_common(sub.add_parser(name, help=text), "experiment YAML or an existing run directory")
+    merge = sub.add_parser("merge", help="join shard run directories into one")
+    merge.add_argument("dirs", nargs="+", help="shard run directories")
+    merge.add_argument("--out", required=True, help="merged run directory")
+    return parser
+
+
+def resolve(args: argparse.Namespace):
+    """(config, run directory path) from a YAML file or an existing run directory."""
+    from wim.rundir import RunDir
+
+    source = Path(args.source)
+    if source.is_dir():
+        meta = RunDir(source).read_meta()
+        if meta is None:
+            raise ConfigError(f"{source} is a folder but holds no run (no resolved_config.yaml).")
+        data, origin = meta["config"], f"{source / 'resolved_config.yaml'}"
+        out = Path(args.out) if args.out else source
+    else:
+        data, origin = read_yaml(source), str(source)
+        if not args.out:
+            raise ConfigError(f"give the run directory with --out (for example --out runs/"
+                              f"{source.stem}).")
+        out = Path(args.out)
+    cfg = config_from_dict(apply_overrides(data, args.overrides), source=origin)
+    return cfg, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("wim: interrupted; finished records are kept, run the same command to resume.",
+              file=sys.stderr)
+        return 130
+    except Exception as err:  # our own errors get one paragraph; anything else is a bug
+        if not _is_user_error(err):
+            raise
+        print(f"wim: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _is_user_error(err: Exception) -> bool:
+    from wim.models import ModelNotFoundError
+    from wim.prompts import PromptsError
+    from wim.records import RecordsError
+    from wim.rundir import RunDirError
+
+    return isinstance(err, (ConfigError, RunDirError, PromptsError, RecordsError,
+                            ModelNotFoundError, UserFacingError))
+
+
+class UserFacingError(RuntimeError):
+    pass
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "merge":
+        from data_gen.merge import merge_runs
+
+        summary = merge_runs([Path(d) for d in args.dirs], Path(args.out))
+        print(json.dumps(summary, indent=2))
+        return 0
+
+    from data_gen.stages import Shard
+    from training.pipeline import STAGES, run_stages
+    from wim.rundir import RunDir
+
+    cfg, out = resolve(args)
+    try:
+        shard = Shard.parse(args.shard)
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
+    run = RunDir(out)
+    run.claim(cfg, str(shard) if shard else None)
+    if args.command == "run":
+        stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
+    else:
+        stages = (args.command,)
+    try:
+        result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress)
+    except ValueError as err:
+        if args.verbose:
+            raise
+        # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
+        raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
+    if "report" in stages:
+        print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
+        keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
+                "judge/parse_fail_rate", "train/loss_first", "train/loss_last")
+        print(json.dumps({k: result.get(k) for k in keys}, indent=2))
+    else:
+        print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

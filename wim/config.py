@@ -1,0 +1,329 @@
+"""Experiment configuration: one YAML file loaded into nested dataclasses.
+
+Every field carries its help text. Unknown keys and out-of-range values raise `ConfigError`
+with the file and the dotted key, so a typo never silently falls back to a default.
+`--set section.key=value` overrides any field (the value is parsed as YAML).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, described in one paragraph that says what to change."""
+
+
+@dataclass
+class PromptsConfig:
+    source: str = "bundled"
+    """`bundled` (64 prompts over 8 domains), a local .jsonl/.csv/.parquet file, or a datasets name."""
+    split: str = "train"
+    """Split to read when `source` is a datasets name."""
+    limit: int | None = None
+    """Use only the first `limit` prompts (after sharding order is fixed)."""
+
+
+@dataclass
+class PolicyConfig:
+    model: str = "bundled:smollm2-135m-instruct"
+    """The policy that samples responses: `bundled:...`, a local folder or a hub id."""
+    backend: str = "transformers"
+    """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
+
+
+@dataclass
+class GenerationConfig:
+    k: int = 2
+    """Samples per prompt (at least 2, so that each prompt can give a pair)."""
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_p: float = 0.95
+    batch_size: int = 8
+    """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
+    reproduce the same samples."""
+
+
+@dataclass
+class HTTPConfig:
+    base_urls: list[str] = field(default_factory=list)
+    """OpenAI-compatible endpoints (…/v1), used round-robin."""
+    model: str = ""
+    """Model name sent in each request (the server's name for it)."""
+    api_key_env: str = "WIM_API_KEY"
+    """Environment variable holding the API key; the key itself never goes into a config."""
+    concurrency: int = 8
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    """Retries with exponential backoff on timeouts, 429 and 5xx."""
+
+
+@dataclass
+class JudgeConfig:
+    role: str = "fixed"
+    """`fixed` (frozen reference = base policy with any adapter disabled), `changing` (the
+    policy being trained) or `external` (`model` below)."""
+    model: str | None = None
+    """Model for the external judge (`bundled:...`, a folder or a hub id)."""
+    backend: str = "transformers"
+    """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
+    mode: str = "wim"
+    """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
+    criteria: str = (
+        "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
+        "would include"
+    )
+    """What the judge weighs, written into the judge prompt (set it per dataset)."""
+    instructions_in: str = "system"
+    """Where the judge instructions go: `system` or `user` message."""
+    max_new_tokens: int = 64
+    max_retries: int = 2
+    """Re-ask a judge whose output fails to parse this many times (sampling, new seed)."""
+    retry_temperature: float = 0.7
+    batch_size: int = 8
+
+
+@dataclass
+class ScoringConfig:
+    zeta: float = 0.4
+    """score = (1 - zeta) * rating_norm + zeta * similarity; 1 = pure WIM, 0 = pure numeric."""
+    embedder: str = "bundled:all-minilm-l6-v2"
+    """sentence-transformers model E (paper: all-mpnet-base-v2)."""
+    report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
+    """zetas reported side by side (all from one judging pass)."""
+    batch_size: int = 64
+
+
+@dataclass
+class PairsConfig:
+    strategy: str = "best_vs_worst"
+    """`best_vs_worst`, `best_vs_random` (best vs a random lower sample) or `all` (all
+    non-tied pairs)."""
+    tie_policy: str = "drop"
+    """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
+    at `random`."""
+    tie_tolerance: float = 1e-9
+    """Scores closer than this are a tie."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class DPOSection:
+    """Passed to `trl.DPOConfig` (plus `extra` for any other DPOConfig field)."""
+
+    learning_rate: float = 5e-5
+    beta: float = 0.1
+    max_steps: int = 8
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    max_length: int = 256
+    logging_steps: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "wim"
+
+
+@dataclass
+class ExportConfig:
+    push_to_hub: str | None = None
+    """Hub repo id to push the pairs dataset to (needs network and a token)."""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    http: HTTPConfig = field(default_factory=HTTPConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    dpo: DPOSection = field(default_factory=DPOSection)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def sha256(self, sections: tuple[str, ...] | None = None) -> str:
+        """sha256 of the sorted-key config (or of some sections only)."""
+        data = self.to_dict()
+        if sections is not None:
+            data = {k: data[k] for k in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+_CHOICES = {
+    "policy.backend": ("transformers", "llama_cpp", "http"),
+    "judge.backend": ("transformers", "llama_cpp", "http"),
+    "judge.role": ("fixed", "changing", "external"),
+    "judge.mode": ("wim", "numeric"),
+    "judge.instructions_in": ("system", "user"),
+    "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
+    "pairs.tie_policy": ("drop", "first", "random"),
+}
+
+
+def validate(cfg: Config, source: str = "config") -> None:
+    """Check ranges and choices; raise ConfigError naming the key and what is expected."""
+
+    def fail(key: str, expected: str, value: Any) -> None:
+        raise ConfigError(f"{source}: '{key}' must {expected}, got {value!r}.")
+
+    for key, choices in _CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            fail(key, "be one of " + ", ".join(choices), value)
+    if not 0.0 <= cfg.scoring.zeta <= 1.0:
+        fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
+    for z in cfg.scoring.report_zetas:
+        if not 0.0 <= z <= 1.0:
+            fail("scoring.report_zetas", "hold values in [0, 1]", z)
+    if cfg.generation.k < 2:
+        fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)", cfg.generation.k)
+    positive = {
+        "generation.max_new_tokens": cfg.generation.max_new_tokens,
+        "generation.batch_size": cfg.generation.batch_size,
+        "judge.max_new_tokens": cfg.judge.max_new_tokens,
+        "judge.batch_size": cfg.judge.batch_size,
+        "scoring.batch_size": cfg.scoring.batch_size,
+        "http.concurrency": cfg.http.concurrency,
+        "lora.r": cfg.lora.r,
+        "dpo.per_device_train_batch_size": cfg.dpo.per_device_train_batch_size,
+        "dpo.max_steps": cfg.dpo.max_steps,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            fail(key, "be positive", value)
+    if cfg.dpo.learning_rate <= 0:
+        fail("dpo.learning_rate", "be positive", cfg.dpo.learning_rate)
+    if cfg.generation.temperature < 0:
+        fail("generation.temperature", "be >= 0", cfg.generation.temperature)
+    if not 0.0 < cfg.generation.top_p <= 1.0:
+        fail("generation.top_p", "lie in (0, 1]", cfg.generation.top_p)
+    if cfg.judge.max_retries < 0:
+        fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
+    if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
+        fail("prompts.limit", "be positive or null", cfg.prompts.limit)
+    if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
+        fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
+    uses_http = cfg.policy.backend == "http" or (
+        cfg.judge.role == "external" and cfg.judge.backend == "http"
+    )
+    if uses_http and not cfg.http.base_urls:
+        fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
+
+
+def _build(cls: type, data: Any, path: str, source: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{path or 'top level'}' must be a mapping, got {data!r}.")
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(
+                f"{source}: unknown key '{dotted}'. Known keys here: {known}. "
+                "Check the spelling against configs/quickstart.yaml."
+            )
+        kwargs[key] = _coerce(hints[key], value, dotted, source)
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str, source: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value or {}, key, source)
+    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{source}: '{key}' may not be null.")
+    base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    origin = get_origin(base) or base
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        list: isinstance(value, list),
+        dict: isinstance(value, dict),
+    }.get(origin, True)
+    if not ok:
+        raise ConfigError(
+            f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}."
+        )
+    return float(value) if origin is float else value
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    cfg = _build(Config, data or {}, "", source)
+    validate(cfg, source)
+    return cfg
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "--set") -> dict:
+    """Apply `section.key=value` strings (values parsed as YAML) to a raw config dict."""
+    data = json.loads(json.dumps(data))  # deep copy
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source}: '{item}' must look like section.key=value.")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: '{key}' does not name a config field.")
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist. Try configs/quickstart.yaml.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err}).") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections.")
+    return data or {}
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config, apply `--set` overrides, validate."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return config_from_dict(data, source=str(path))
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

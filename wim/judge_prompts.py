@@ -1,0 +1,72 @@
+"""Judge prompts: the chat messages that ask a judge what is missing from an answer.
+
+Prompt building is kept apart from output parsing (wim/parsing.py); both are pure. The
+instruction templates are package data (wim/data/judge_prompt*.txt) with one str.format field,
+`{criteria}`. Small local judges are driven with a prefill: the caller starts the assistant turn
+with `MISSING_PREFILL` (`RATING_PREFILL` in numeric mode), lets the model continue, then appends
+"\\n" + `RATING_PREFILL` and lets it continue again. The parser expects the full assistant text,
+prefills included.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+MISSING_PREFILL = "Missing:"
+RATING_PREFILL = "Rating:"
+
+MODES = ("wim", "numeric")
+INSTRUCTIONS_IN = ("system", "user")
+_TEMPLATE_FILES = {"wim": "judge_prompt.txt", "numeric": "judge_prompt_numeric.txt"}
+# Shown instead of a blank answer, so that a small judge does not read the next line as the answer.
+EMPTY_ANSWER = "(empty answer)"
+
+
+@cache
+def load_template(mode: str) -> str:
+    """The raw instruction template for `mode` ('wim' or 'numeric'), read once and cached."""
+    if mode not in _TEMPLATE_FILES:
+        raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
+    path = resources.files("wim").joinpath("data", _TEMPLATE_FILES[mode])
+    return path.read_text(encoding="utf-8").strip()
+
+
+def build_judge_instructions(criteria: str, mode: str = "wim") -> str:
+    """The judge instructions with `criteria` (what the judge weighs) filled in."""
+    return load_template(mode).format(criteria=criteria.strip())
+
+
+def format_question_answer(prompt: str, response: str) -> str:
+    """The question and the answer under their own labels, separated by a blank line."""
+    answer = response.strip() or EMPTY_ANSWER
+    return f"Question:\n{prompt.strip()}\n\nAnswer:\n{answer}"
+
+
+def build_judge_messages(
+    prompt: str,
+    response: str,
+    *,
+    criteria: str,
+    mode: str = "wim",
+    instructions_in: str = "system",
+) -> list[dict[str, str]]:
+    """Chat messages for the judge. mode 'wim' or 'numeric'. instructions_in 'system':
+    instructions in a system message and the question/answer in the user message; 'user':
+    everything in one user message (for chat templates without a system role).
+
+    The assistant prefill is not part of the result; the backend adds it.
+    Raises ValueError for an unknown `mode` or `instructions_in`.
+    """
+    if instructions_in not in INSTRUCTIONS_IN:
+        raise ValueError(
+            f"instructions_in must be one of {INSTRUCTIONS_IN}, got {instructions_in!r}"
+        )
+    instructions = build_judge_instructions(criteria, mode)
+    question_answer = format_question_answer(prompt, response)
+    if instructions_in == "system":
+        return [
+            {"role": "system", "content": instructions},
+            {"role": "user", "content": question_answer},
+        ]
+    return [{"role": "user", "content": f"{instructions}\n\n{question_answer}"}]

@@ -1,0 +1,152 @@
+"""WIM judges: read (prompt, response), write what is missing and a 1-10 rating.
+
+One abstract method, `Judge.judge`. `BackendJudge` drives any `Backend` (local transformers,
+llama.cpp, or an OpenAI-compatible server). Roles:
+- fixed:    the frozen reference (the base policy, any LoRA adapter disabled; no second copy);
+- changing: the policy being trained, so the judge moves with training;
+- external: any other model.
+
+With a backend that can prefill the assistant turn, a local judge is walked through the format:
+first "Missing:" is continued up to the rating, then "Rating:" is continued. Small models keep
+the format far more often that way; the parser still checks every value.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from wim.backends import Backend, Completion, SamplingParams
+from wim.judge_prompts import MISSING_PREFILL, RATING_PREFILL, build_judge_messages
+from wim.parsing import parse_judgement
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    critique: str | None
+    """What is missing; "" when nothing is; None in numeric mode or when parsing failed."""
+    rating: int | None
+    """1..10, None when parsing failed (never replaced by a neutral value)."""
+    raw: str
+    """The judge's text of the last attempt, kept for audit."""
+    parse_ok: bool
+    error: str | None
+    attempts: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Judge(ABC):
+    """Judges a batch of (prompt, response) pairs.
+
+    Returns one `Judgement` per item, in input order. Output that fails to parse is retried
+    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`.
+    """
+
+    role: str = "external"
+    model_name: str = ""
+
+    @abstractmethod
+    def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]: ...
+
+
+class BackendJudge(Judge):
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        role: str,
+        model_name: str,
+        mode: str = "wim",
+        criteria: str = "",
+        instructions_in: str = "system",
+        max_new_tokens: int = 64,
+        max_retries: int = 2,
+        retry_temperature: float = 0.7,
+    ) -> None:
+        self.backend = backend
+        self.role = role
+        self.model_name = model_name
+        self.mode = mode
+        self.criteria = criteria
+        self.instructions_in = instructions_in
+        self.max_new_tokens = max_new_tokens
+        self.max_retries = max_retries
+        self.retry_temperature = retry_temperature
+        self.calls = 0  # backend calls made, so tests can prove a re-score makes none
+
+    def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
+        results: list[Judgement | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        spent = [(0, 0)] * len(items)
+        for attempt in range(self.max_retries + 1):
+            # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
+            temperature = 0.0 if attempt == 0 else self.retry_temperature
+            raws = self._ask([items[i] for i in todo], temperature, seed + 7919 * attempt)
+            still_failing = []
+            for i, (raw, error, p_tok, c_tok) in zip(todo, raws, strict=True):
+                spent[i] = (spent[i][0] + p_tok, spent[i][1] + c_tok)
+                parsed = parse_judgement(raw, self.mode) if error is None else None
+                ok = parsed is not None and parsed.ok
+                results[i] = Judgement(
+                    critique=parsed.critique if ok else None,
+                    rating=parsed.rating if ok else None,
+                    raw=raw,
+                    parse_ok=ok,
+                    error=None if ok else (error or parsed.error),
+                    attempts=attempt + 1,
+                    prompt_tokens=spent[i][0],
+                    completion_tokens=spent[i][1],
+                )
+                if not ok:
+                    still_failing.append(i)
+            todo = still_failing
+            if not todo:
+                break
+        return results  # type: ignore[return-value]
+
+    def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, int, int]]:
+        """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
+        convs = [
+            build_judge_messages(p, r, criteria=self.criteria, mode=self.mode,
+                                 instructions_in=self.instructions_in)
+            for p, r in items
+        ]
+        self.calls += 1
+        if not self.backend.supports_prefill:
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0)
+            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed)]
+            return [(o.text, _error(o), o.prompt_tokens, o.completion_tokens) for o in outs]
+        if self.mode == "numeric":
+            params = SamplingParams(4, temperature, 1.0, stop=("\n",))
+            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed,
+                                                         prefill=RATING_PREFILL)]
+            return [(RATING_PREFILL + o.text, _error(o), o.prompt_tokens, o.completion_tokens)
+                    for o in outs]
+        return self._ask_in_two_steps(convs, temperature, seed)
+
+    def _ask_in_two_steps(self, convs, temperature: float, seed: int):
+        critique_params = SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("Rating",))
+        critiques: list[Completion] = [
+            c[0] for c in self.backend.generate(convs, critique_params, seed=seed,
+                                                prefill=MISSING_PREFILL)
+        ]
+        rating_params = SamplingParams(4, temperature, 1.0, stop=("\n",))
+        out = []
+        heads = [MISSING_PREFILL + c.text.rstrip() + "\n" + RATING_PREFILL for c in critiques]
+        ratings = self._continue_each(convs, heads, rating_params, seed)
+        for head, crit, rate in zip(heads, critiques, ratings, strict=True):
+            error = _error(crit) or _error(rate)
+            out.append((head + rate.text, error, crit.prompt_tokens + rate.prompt_tokens,
+                        crit.completion_tokens + rate.completion_tokens))
+        return out
+
+    def _continue_each(self, convs, heads, params, seed) -> list[Completion]:
+        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=heads)]
+
+
+def _error(completion: Completion) -> str | None:
+    return None if completion.ok else f"backend failed: {completion.error}"

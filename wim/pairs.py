@@ -1,0 +1,127 @@
+"""Rankings to chosen/rejected pairs in TRL's conversational preference format.
+
+Strategies, over the k samples of one prompt that parsed:
+- `best_vs_worst` (default): the highest against the lowest score;
+- `best_vs_random`: the highest against a random lower one;
+- `all`: every pair of samples with different scores.
+Ties (scores within `tie_tolerance`) follow the tie policy: `drop` (default), `first` (sample
+order decides) or `random`; each outcome is counted, so nothing disappears silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from wim.config import PairsConfig
+
+
+@dataclass
+class PairCounts:
+    prompts: int = 0
+    pairs: int = 0
+    prompts_too_few_parsed: int = 0
+    """Prompts with fewer than two samples that parsed: no pair possible."""
+    ties: int = 0
+    ties_dropped: int = 0
+    ties_kept_first: int = 0
+    ties_kept_random: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def as_metrics(self) -> dict[str, int]:
+        return {
+            "pairs/count": self.pairs,
+            "pairs/prompts": self.prompts,
+            "pairs/prompts_too_few_parsed": self.prompts_too_few_parsed,
+            "pairs/ties": self.ties,
+            "pairs/ties_dropped": self.ties_dropped,
+            "pairs/ties_kept_first": self.ties_kept_first,
+            "pairs/ties_kept_random": self.ties_kept_random,
+        }
+
+
+def group_by_prompt(scored: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in scored:
+        groups[record["prompt_id"]].append(record)
+    for records in groups.values():
+        records.sort(key=lambda r: r["sample_idx"])
+    return dict(groups)
+
+
+def build_pairs(
+    scored: list[dict[str, Any]], cfg: PairsConfig, seed: int = 0
+) -> tuple[list[dict[str, Any]], PairCounts]:
+    """Pair rows (with audit columns) and the counts of what happened to each prompt."""
+    rng = random.Random(seed)
+    counts = PairCounts()
+    rows = []
+    for prompt_id, records in group_by_prompt(scored).items():
+        counts.prompts += 1
+        usable = [r for r in records if r.get("score") is not None]
+        if len(usable) < 2:
+            counts.prompts_too_few_parsed += 1
+            continue
+        for a, b in _candidates(usable, cfg, rng):
+            chosen, rejected = _order(a, b, cfg, rng, counts)
+            if chosen is not None:
+                rows.append(pair_row(chosen, rejected))
+    counts.pairs = len(rows)
+    return rows, counts
+
+
+def _candidates(usable, cfg: PairsConfig, rng: random.Random):
+    tol = cfg.tie_tolerance
+    # max/min keep the first of equal scores, so `first` means sample order.
+    best = max(usable, key=lambda r: r["score"])
+    if cfg.strategy == "best_vs_worst":
+        worst = min(usable, key=lambda r: r["score"])
+        if worst is best:
+            worst = next(r for r in usable if r is not best)
+        return [(best, worst)]
+    if cfg.strategy == "best_vs_random":
+        lower = [r for r in usable if r["score"] < best["score"] - tol]
+        if lower:
+            return [(best, rng.choice(lower))]
+        return [(best, next(r for r in usable if r is not best))]
+    return list(itertools.combinations(usable, 2))
+
+
+def _order(a, b, cfg: PairsConfig, rng: random.Random, counts: PairCounts):
+    """(chosen, rejected), or (None, None) when a tie is dropped."""
+    if abs(a["score"] - b["score"]) > cfg.tie_tolerance:
+        return (a, b) if a["score"] > b["score"] else (b, a)
+    counts.ties += 1
+    if cfg.tie_policy == "drop":
+        counts.ties_dropped += 1
+        return None, None
+    if cfg.tie_policy == "first":
+        counts.ties_kept_first += 1
+        return (a, b) if a["sample_idx"] < b["sample_idx"] else (b, a)
+    counts.ties_kept_random += 1
+    return (a, b) if rng.random() < 0.5 else (b, a)
+
+
+def pair_row(chosen: dict[str, Any], rejected: dict[str, Any]) -> dict[str, Any]:
+    """One TRL conversational preference row plus audit columns."""
+    return {
+        "prompt": chosen["messages"],
+        "chosen": [{"role": "assistant", "content": chosen["response"]}],
+        "rejected": [{"role": "assistant", "content": rejected["response"]}],
+        "prompt_id": chosen["prompt_id"],
+        "domain": chosen.get("domain", ""),
+        "chosen_sample_idx": chosen["sample_idx"],
+        "rejected_sample_idx": rejected["sample_idx"],
+        "chosen_critique": chosen.get("critique"),
+        "rejected_critique": rejected.get("critique"),
+        "chosen_rating": chosen["rating"],
+        "rejected_rating": rejected["rating"],
+        "chosen_similarity": chosen.get("similarity"),
+        "rejected_similarity": rejected.get("similarity"),
+        "chosen_score": chosen["score"],
+        "rejected_score": rejected["score"],
+        "zeta": chosen["zeta"],
+    }

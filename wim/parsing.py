@@ -1,0 +1,224 @@
+"""Judge output parsing: the critique of what is missing and the 1-10 rating.
+
+Tolerant of the text around the fields, strict about their values. The expected output (see
+wim/data/judge_prompt.txt) is
+
+    Missing: <what the answer left out, or "None">
+    Rating: <one integer from 1 to 10>
+
+Labels may be wrapped in markdown (`**Rating:** 7`, `## Missing -`, `__Rating__ = 7`), carry a
+short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`); the text before,
+between and after them may be anything. A rating is accepted only when it is one integer in
+1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0", "7,5", "-3", "7-8"
+and "seven" are failures with a reason (the prompt asks for an integer). A bare number without
+a label is never taken as a rating. A failed parse is reported (`ok=False`, `error`), never
+filled in; the caller keeps the raw text.
+
+Which label counts: a model that restates the instructions writes "Rating: <one integer ...>"
+before its real rating, so the rating is taken from the LAST "Rating" label that is followed by a
+number. If that number is invalid, the parse fails; it does not fall back to an earlier one. The
+critique is the text after the "Missing" label that opens the last block (after the previous
+"Rating" label, preferring a label at the start of a line), up to the chosen "Rating" label.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MODES = ("wim", "numeric")
+
+# Critiques that mean "nothing is missing". Matched after `_normalize_form` (lowercase, single
+# spaces, no punctuation at the ends), so "None.", "N/A" and '"Nothing is missing!"' all match.
+NOTHING_MISSING = (
+    "",
+    "none",
+    "n/a",
+    "nothing",
+    "nothing is missing",
+    "nothing missing",
+    "nothing important",
+    "nothing important is missing",
+    "nothing important missing",
+    "no missing content",
+    "the answer is complete",
+    "not applicable",
+    "no",
+    "-",
+)
+
+# After the label word: optional markdown or quotes, an optional short note in parentheses, then
+# ':', '=' or a dash that does not start a word (so "rating-scale" is no label).
+_LABEL_TAIL = (
+    r"(?![A-Za-z0-9])[ \t*_`\"']*(?:\([^()\n]{0,30}\)[ \t*_`\"']*)?"
+    r"(?:[:=\uff1a]|[-\u2013\u2014](?![A-Za-z]))"
+)
+_RATING_LABEL = re.compile(r"(?<![A-Za-z0-9])rating" + _LABEL_TAIL, re.IGNORECASE)
+_MISSING_LABEL = re.compile(r"(?<![A-Za-z0-9])missing" + _LABEL_TAIL, re.IGNORECASE)
+# A "Missing" label at the start of a line, after optional markdown (heading, bullet, bold).
+_LINE_MISSING_LABEL = re.compile(
+    r"^[ \t*_#>+`-]*missing" + _LABEL_TAIL, re.IGNORECASE | re.MULTILINE
+)
+# Labels repeated at the start of a critique ("Missing:" prefill + "**Missing:** ...").
+_LEADING_MISSING_LABELS = re.compile(r"(?:[\s*_#>+`-]*missing" + _LABEL_TAIL + ")+", re.I)
+_MARKUP = re.compile(r"[\s*_`\"']*")
+_VALUE = re.compile(
+    r"(?P<sign>[-+\u2212]?)(?P<int>[0-9]+)(?P<frac>[.,][0-9]+)?"
+    r"(?:[ \t]*(?:/|out[ \t]+of)[ \t]*(?P<den>[0-9]+(?:[.,][0-9]+)?))?"
+    r"(?:[ \t]*(?:[-\u2013\u2014]|to)[ \t]*(?P<hi>[0-9]+))?",
+    re.IGNORECASE,
+)
+_CODE_FENCE = re.compile(r"```[A-Za-z0-9_+-]*")
+_LINE_MARKER = re.compile(r"^[ \t]*(?:#+|>+|[-*+](?=[ \t]))[ \t]*", re.MULTILINE)
+# A critique written as a quoted (JSON) string, maybe followed by the comma and the opening quote
+# of the next key: '"X", "' -> 'X'.
+_QUOTED = re.compile(r"(?s)([\"'])((?:(?!\1).)*)\1[\s,]*[\"']?")
+
+
+@dataclass(frozen=True)
+class ParsedJudgement:
+    critique: str | None
+    """What is missing; "" when nothing is missing; None in numeric mode or when not found."""
+    rating: int | None
+    """1..10; None when no valid rating was found. A valid rating is kept when only the
+    "Missing" field is absent (ok is False then): check `ok`, not the rating."""
+    ok: bool
+    """True when every field the mode needs was found and valid."""
+    error: str | None
+    """Short reason when not ok (several joined by "; "), e.g. "rating 11 outside 1..10"."""
+
+
+def parse_judgement(text: str, mode: str = "wim") -> ParsedJudgement:
+    """Parse a judge's full output (prefills included) in `mode` 'wim' or 'numeric'.
+
+    wim mode needs a "Missing" field and a valid rating; numeric mode only the rating (critique
+    None). Never raises on any text; raises ValueError only for an unknown `mode`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
+    text = _as_text(text)
+    labels = list(_RATING_LABEL.finditer(text))
+    rating, rating_error, chosen = _find_rating(text, labels)
+    if mode == "numeric":
+        return ParsedJudgement(None, rating, rating is not None, rating_error)
+    critique = _find_critique(text, labels, chosen)
+    errors = [rating_error] if rating_error else []
+    if critique is None:
+        errors.append("no 'Missing:' field")
+    return ParsedJudgement(critique, rating, not errors, "; ".join(errors) or None)
+
+
+def is_nothing_missing(critique: str) -> bool:
+    """True for critiques that say nothing is missing ("", "None.", "N/A", "Nothing is missing")."""
+    return _normalize_form(critique) in _NOTHING_FORMS
+
+
+def normalize_critique(critique: str) -> str:
+    """The empty string for the nothing-missing forms, else the critique, stripped."""
+    critique = critique.strip()
+    return "" if is_nothing_missing(critique) else critique
+
+
+def _normalize_form(text: str) -> str:
+    words = text.lower().split()
+    joined = " ".join(words)
+    start, end = 0, len(joined)
+    while start < end and not joined[start].isalnum():
+        start += 1
+    while end > start and not joined[end - 1].isalnum():
+        end -= 1
+    return joined[start:end]
+
+
+_NOTHING_FORMS = frozenset(_normalize_form(form) for form in NOTHING_MISSING)
+
+
+def _as_text(text: object) -> str:
+    # Defensive: callers pass str, but a parser that must never raise also takes bytes and None.
+    if isinstance(text, str):
+        return text
+    if isinstance(text, bytes | bytearray):
+        return bytes(text).decode("utf-8", errors="replace")
+    return "" if text is None else str(text)
+
+
+def _find_rating(
+    text: str, labels: list[re.Match[str]]
+) -> tuple[int | None, str | None, re.Match[str] | None]:
+    """(rating, error, chosen label): the last label followed by a number, else the last label."""
+    if not labels:
+        return None, "no rating found", None
+    for label in reversed(labels):
+        value = _VALUE.match(text, _MARKUP.match(text, label.end()).end())
+        if value is not None:
+            rating, error = _check_value(value)
+            return rating, error, label
+    label = labels[-1]
+    start = _MARKUP.match(text, label.end()).end()
+    shown = text[start : start + 80].split("\n", 1)[0].strip().strip("*_`")[:20]
+    if not shown:
+        return None, "rating label without a value", label
+    return None, f"rating {shown!r} is not a number", label
+
+
+def _check_value(value: re.Match[str]) -> tuple[int | None, str | None]:
+    shown = value.group(0).strip()[:20]
+    if value.group("frac"):
+        return None, f"rating {shown} is not an integer"
+    if value.group("hi"):
+        return None, f"rating {shown} is a range, not one integer"
+    if value.group("den") and value.group("den") != "10":
+        return None, f"rating {shown} is not on the 1..10 scale"
+    digits = value.group("int").lstrip("0") or "0"
+    negative = value.group("sign") in ("-", "\u2212")
+    # Compare lengths first: int() refuses digit strings over 4300 characters.
+    if negative or len(digits) > 2 or not 1 <= int(digits) <= 10:
+        return None, f"rating {shown} outside 1..10"
+    return int(digits), None
+
+
+def _find_critique(
+    text: str, labels: list[re.Match[str]], chosen: re.Match[str] | None
+) -> str | None:
+    end = chosen.start() if chosen is not None else len(text)
+    # The block of the chosen rating starts after the rating label before it: that skips an
+    # echoed "Missing: <...>\nRating: <...>" template.
+    begin = max((m.end() for m in labels if m.start() < end), default=0)
+    label = _LINE_MISSING_LABEL.search(text, begin, end) or _MISSING_LABEL.search(text, begin, end)
+    if label is None:
+        label = _last(_LINE_MISSING_LABEL, text, end) or _last(_MISSING_LABEL, text, end)
+    if label is None:
+        return None
+    # The critique ends at the first rating label after it (the chosen one, unless the "Missing"
+    # label came from an earlier block).
+    stop = next((m.start() for m in labels if m.start() >= label.end()), len(text))
+    return normalize_critique(_clean_critique(text[label.end() : stop]))
+
+
+def _last(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
+    last = None
+    for match in pattern.finditer(text, 0, end):
+        last = match
+    return last
+
+
+def _clean_critique(raw: str) -> str:
+    """Drop markdown and repeated labels, collapse whitespace to single spaces."""
+    text = _CODE_FENCE.sub(" ", raw).replace("**", "").replace("`", "")
+    leading = _LEADING_MISSING_LABELS.match(text)
+    if leading is not None:
+        text = text[leading.end() :]
+    text = _LINE_MARKER.sub("", text)
+    # Drop words made only of markup at either end ("x __" from "x\n__Rating__: 8"), but keep
+    # "__init__"; a word loop, because a regex for this backtracks quadratically.
+    words = text.split()
+    start, stop = 0, len(words)
+    while start < stop and not words[start].strip("*_#>"):
+        start += 1
+    while stop > start and not words[stop - 1].strip("*_#>"):
+        stop -= 1
+    text = " ".join(words[start:stop]).strip("*")
+    quoted = _QUOTED.fullmatch(text)
+    if quoted is not None:
+        text = quoted.group(2)
+    return text.strip()

@@ -1,0 +1,289 @@
+"""Prompt sets: the bundled 64 prompts, local files, or a `datasets` hub name, as `Prompt`s.
+
+Every source gives the same records: a `prompt` that is a string or a list of chat messages,
+an optional `id` (else the 0-based row index, `"00007"`, so ids are stable across runs) and an
+optional `domain`. A bad record raises `PromptsError` naming the file and the line or row, so a
+typo in row 4,000 is found before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BUNDLED = "bundled"
+JSONL_SUFFIXES = (".jsonl", ".json")
+TABLE_SUFFIXES = (".csv", ".parquet")
+_RECORD_HELP = (
+    "Each record needs a 'prompt' that is a non-empty string or a list of "
+    "{'role': ..., 'content': ...} messages ending with a user message, plus an optional "
+    "'id' and 'domain'; fix or remove that record."
+)
+
+
+class PromptsError(ValueError):
+    """A prompt-source problem, described in one paragraph that says what to change."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    """Stable key, unique within a prompt set (used to resume, shard and join results)."""
+    domain: str
+    """Topic label for per-domain reports; "" when the source has none."""
+    messages: tuple[dict, ...]
+    """Chat messages, e.g. `({"role": "user", "content": "..."},)`; the last is the user turn."""
+
+    @property
+    def text(self) -> str:
+        """The last user message content (for display and reports)."""
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                return message["content"]
+        return ""
+
+
+def bundled_prompts_path() -> Path:
+    """Path of the bundled prompt set: 64 prompts, 8 in each of 8 domains."""
+    return Path(__file__).parent / "data" / "prompts.jsonl"
+
+
+def load_prompts(source: str, split: str = "train", limit: int | None = None) -> list[Prompt]:
+    """Load prompts from `source` and keep the first `limit` (all when None).
+
+    `source` is `"bundled"`, a local `.jsonl`/`.json` (JSON lines), `.csv` or `.parquet` file,
+    or else a `datasets` hub name read with `split`. Local files are validated in full whatever
+    the limit; a hub dataset is cut to `limit` rows first because it may be large.
+    """
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise PromptsError(
+            f"Prompt limit must be a positive integer or None, got {limit!r} (source {source!r}). "
+            "Set prompts.limit to a number of prompts, or remove it to use them all."
+        )
+    path = bundled_prompts_path() if source == BUNDLED else Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if path.is_file() or suffix in JSONL_SUFFIXES + TABLE_SUFFIXES:
+        if not path.is_file():
+            raise PromptsError(
+                f"Prompt file {str(path)!r} does not exist. Check the path in prompts.source "
+                "(relative paths are resolved from the current directory), or use 'bundled'."
+            )
+        if suffix in JSONL_SUFFIXES:
+            rows = _read_jsonl(path)
+        elif suffix in TABLE_SUFFIXES:
+            rows = _read_table(path)
+        else:
+            raise PromptsError(
+                f"Prompt file {str(path)!r} has an unsupported type {suffix or '(no suffix)'!r}. "
+                "Expected .jsonl or .json (one JSON object per line), .csv or .parquet; "
+                "convert the file or rename it to match its contents."
+            )
+        origin = f"Prompt file {str(path)!r}"
+    else:
+        rows = _read_hub(source, split, limit)
+        origin = f"Dataset {source!r} (split {split!r})"
+    prompts = _build_prompts(rows, origin)
+    if not prompts:
+        raise PromptsError(
+            f"{origin} contains no prompts. Add records with a 'prompt' field, "
+            "or point prompts.source at another file or 'bundled'."
+        )
+    prompts = prompts[:limit] if limit is not None else prompts
+    logger.info("Loaded %d prompts from %s", len(prompts), source)
+    return prompts
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+    """Parse JSON lines into (location, record) pairs; blank lines are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptsError(
+            f"Prompt file {str(path)!r} could not be read as UTF-8 text ({_one_line(e)}). "
+            "Save it as UTF-8 JSON lines, one object per line."
+        ) from e
+    rows: list[tuple[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptsError(
+                f"Prompt file {str(path)!r}, line {number}: invalid JSON ({e.msg} at column "
+                f"{e.colno}). Each non-blank line must be one JSON object"
+                f"{_array_hint(line)}; fix that line or remove it."
+            ) from e
+        rows.append((f"line {number}", record))
+    return rows
+
+
+def _read_table(path: Path) -> list[tuple[str, Any]]:
+    """Read a CSV or parquet file into (location, record) pairs with pandas."""
+    import pandas as pd  # slow to import; only table sources need it
+
+    try:
+        if path.suffix.lower() == ".csv":
+            # All cells as text, empty cells as "": ids like "007" stay as written.
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        else:
+            frame = pd.read_parquet(path)
+    except pd.errors.EmptyDataError as e:
+        raise PromptsError(
+            f"Prompt file {str(path)!r} is empty. Add a header with a 'prompt' column and one "
+            "row per prompt, or point prompts.source at another file."
+        ) from e
+    except (ImportError, OSError, ValueError) as e:
+        kind = path.suffix.lower().lstrip(".")
+        raise PromptsError(
+            f"Prompt file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
+            f"Check that it is a valid {kind} file with a 'prompt' column."
+        ) from e
+    if "prompt" not in frame.columns:
+        raise PromptsError(
+            f"Prompt file {str(path)!r} has no 'prompt' column (columns: "
+            f"{', '.join(map(str, frame.columns)) or 'none'}). Rename the column that holds the "
+            "prompts to 'prompt'; 'id' and 'domain' columns are optional."
+        )
+    # 0-based like the default ids; CSV line numbers would be wrong for quoted newlines.
+    note = (
+        "counting from 0, header excluded" if path.suffix.lower() == ".csv" else "counting from 0"
+    )
+    return [(f"row {i} ({note})", r) for i, r in enumerate(frame.to_dict("records"))]
+
+
+def _read_hub(source: str, split: str, limit: int | None) -> list[tuple[str, Any]]:
+    """Load a `datasets` hub dataset into (location, record) pairs."""
+    try:
+        import datasets  # slow to import; only hub sources need it
+
+        dataset = datasets.load_dataset(source, split=split)
+    except Exception as e:  # network, auth, unknown name or split: all end the same way
+        raise PromptsError(
+            f"Prompt source {source!r} is not an existing file, and it could not be loaded as a "
+            f"Hugging Face dataset (split {split!r}): {type(e).__name__}: {_one_line(e)}. "
+            "Without network access, use a local .jsonl, .csv or .parquet file with a 'prompt' "
+            "column, or 'bundled'."
+        ) from e
+    if "prompt" not in dataset.column_names:
+        raise PromptsError(
+            f"Dataset {source!r} (split {split!r}) has no 'prompt' column (columns: "
+            f"{', '.join(dataset.column_names)}). Choose a dataset with a 'prompt' column, or "
+            "export the prompts to a local .jsonl file with a 'prompt' field."
+        )
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    return [(f"row {index} (counting from 0)", r) for index, r in enumerate(dataset)]
+
+
+def _build_prompts(rows: Iterable[tuple[str, Any]], origin: str) -> list[Prompt]:
+    """Turn (location, record) pairs into prompts and check that ids are unique."""
+    prompts: list[Prompt] = []
+    seen: dict[str, str] = {}
+    for index, (where, record) in enumerate(rows):
+        prompt = _to_prompt(record, index, f"{origin}, {where}")
+        if prompt.id in seen:
+            raise PromptsError(
+                f"{origin}: duplicate id {prompt.id!r} at {seen[prompt.id]} and {where}. Ids must "
+                "be unique because results are keyed by them; rename one or drop the 'id' field "
+                "everywhere to number the prompts by row."
+            )
+        seen[prompt.id] = where
+        prompts.append(prompt)
+    return prompts
+
+
+def _to_prompt(record: Any, index: int, where: str) -> Prompt:
+    """Validate one record; `where` names the file and line or row for errors."""
+    if not isinstance(record, dict):
+        raise PromptsError(
+            f"{where}: expected a JSON object, got {type(record).__name__}. {_RECORD_HELP}"
+        )
+    if _is_missing(record.get("prompt")):
+        raise PromptsError(f"{where}: missing 'prompt'. {_RECORD_HELP}")
+    messages = _to_messages(record["prompt"], where)
+    raw_id = record.get("id")
+    if _is_missing(raw_id) or raw_id == "":
+        prompt_id = f"{index:05d}"
+    elif isinstance(raw_id, str) or (
+        isinstance(raw_id, numbers.Integral) and not isinstance(raw_id, bool)
+    ):
+        prompt_id = str(raw_id)
+    else:
+        raise PromptsError(
+            f"{where}: 'id' must be a string or an integer, got {raw_id!r}. {_RECORD_HELP}"
+        )
+    domain = record.get("domain")
+    if _is_missing(domain):
+        domain = ""
+    elif not isinstance(domain, str):
+        raise PromptsError(f"{where}: 'domain' must be a string, got {domain!r}. {_RECORD_HELP}")
+    return Prompt(id=prompt_id, domain=domain, messages=messages)
+
+
+def _to_messages(value: Any, where: str) -> tuple[dict, ...]:
+    """A string becomes one user message; a list of messages is checked and copied."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise PromptsError(f"{where}: empty prompt. {_RECORD_HELP}")
+        return ({"role": "user", "content": value},)
+    if hasattr(value, "tolist"):  # parquet list columns arrive as numpy arrays
+        value = value.tolist()
+    if not isinstance(value, list):
+        raise PromptsError(
+            f"{where}: 'prompt' is a {type(value).__name__}, not a string or a list of messages. "
+            f"{_RECORD_HELP}"
+        )
+    if not value:
+        raise PromptsError(f"{where}: empty prompt (an empty message list). {_RECORD_HELP}")
+    messages = []
+    for number, message in enumerate(value, start=1):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and message["role"]
+            and isinstance(message.get("content"), str)
+        ):
+            raise PromptsError(
+                f"{where}: prompt message {number} is not a {{'role': str, 'content': str}} "
+                f"object (got {message!r}). {_RECORD_HELP}"
+            )
+        messages.append({"role": message["role"], "content": message["content"]})
+    # The policy answers the conversation, so it must end on the user's turn.
+    if messages[-1]["role"] != "user":
+        raise PromptsError(
+            f"{where}: the last prompt message has role {messages[-1]['role']!r}, expected 'user'. "
+            f"{_RECORD_HELP}"
+        )
+    if not messages[-1]["content"].strip():
+        raise PromptsError(
+            f"{where}: empty prompt (the last user message is blank). {_RECORD_HELP}"
+        )
+    return tuple(messages)
+
+
+def _is_missing(value: Any) -> bool:
+    """None, or the NaN pandas uses for an empty parquet cell."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _array_hint(line: str) -> str:
+    """Point out the common mistake of a whole-file JSON array in a .json file."""
+    if line.lstrip().startswith("["):
+        return " (this file looks like a JSON array; write one object per line)"
+    return ""
+
+
+def _one_line(error: BaseException) -> str:
+    """The first line of an exception message, so errors stay one paragraph."""
+    text = str(error).strip()
+    # Trailing periods are dropped because the message adds its own punctuation.
+    return text.splitlines()[0].rstrip(".") if text else type(error).__name__
