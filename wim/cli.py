@@ -114,6 +114,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from wim.rundir import RunDir
 
     cfg, out = resolve(args)
+    if args.shard is None and Path(args.source).is_dir():
+        args.shard = RunDir(out).shard() if out == Path(args.source) else None
     try:
         shard = Shard.parse(args.shard)
     except ValueError as err:

@@ -272,10 +272,19 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         list: isinstance(value, list),
         dict: isinstance(value, dict),
     }.get(origin, True)
+    if origin is float and isinstance(value, str):
+        # YAML 1.1 reads 1e-5 (no dot) as a string; accept it as the number it means.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if not ok:
         raise ConfigError(
             f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}."
         )
+    if origin is list and get_args(base):
+        return [_coerce(get_args(base)[0], item, f"{key}[{i}]", source)
+                for i, item in enumerate(value)]
     return float(value) if origin is float else value
 
 

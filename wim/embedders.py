@@ -38,7 +38,7 @@ class Embedder:
             )
             self._cache.update(zip(todo.keys(), vectors, strict=True))
             self.texts_embedded += len(todo)
-        dim = self.model.get_sentence_embedding_dimension()
+        dim = self.model.get_embedding_dimension()
         if not texts:
             return np.zeros((0, dim), dtype=np.float32)
         return np.stack([self._cache[k] for k in keys])

@@ -59,7 +59,7 @@ def build_pairs(
     rng = random.Random(seed)
     counts = PairCounts()
     rows = []
-    for prompt_id, records in group_by_prompt(scored).items():
+    for records in group_by_prompt(scored).values():
         counts.prompts += 1
         usable = [r for r in records if r.get("score") is not None]
         if len(usable) < 2:

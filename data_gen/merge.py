@@ -1,0 +1,70 @@
+"""`wim merge`: join shard run directories into one.
+
+Shards must come from one config (same data sections, same shard count, distinct indices) and
+no (prompt_id, sample_idx) key may repeat. The merged folder holds samples.jsonl and
+judgements.jsonl in key order; `wim run CONFIG --out MERGED` then finds every sample and
+judgement done and goes on with scoring, pairs, training and the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from wim.records import read_records, record_key, write_records_atomic
+from wim.rundir import DATA_SECTIONS, RunDir, RunDirError
+
+
+def merge_runs(dirs: list[Path], out: Path) -> dict[str, Any]:
+    runs = [RunDir(d) for d in dirs]
+    configs, shards = [], []
+    for run in runs:
+        cfg = run.load_config()
+        configs.append(cfg)
+        shards.append(run.shard())
+    first = configs[0]
+    for run, cfg in zip(runs[1:], configs[1:], strict=True):
+        if cfg.sha256(DATA_SECTIONS) != first.sha256(DATA_SECTIONS):
+            raise RunDirError(
+                f"{run.path} was built with a different config than {runs[0].path} "
+                "(the seed, prompts, policy, generation and judge sections must agree)."
+            )
+    _check_shards(dirs, shards)
+    target = RunDir(out)
+    if target.read_meta() is not None or target.samples.exists():
+        raise RunDirError(f"{out} already exists and holds a run; merge into a new folder.")
+    summary: dict[str, Any] = {"shards": [str(s) for s in shards]}
+    merged: dict[str, list[dict]] = {}
+    for name in ("samples.jsonl", "judgements.jsonl"):
+        seen: dict[tuple, Path] = {}
+        records = []
+        for run in runs:
+            for record in read_records(run.file(name)):
+                key = record_key(record)
+                if key in seen:
+                    raise RunDirError(
+                        f"key {key} appears in {seen[key]} and in {run.path / name}; shards "
+                        "must not overlap. Nothing was written."
+                    )
+                seen[key] = run.path / name
+                records.append(record)
+        records.sort(key=record_key)
+        merged[name] = records
+        summary[name] = len(records)
+    target.claim(first, shard=None)
+    for name, records in merged.items():
+        write_records_atomic(target.file(name), records)
+    summary["next"] = f"wim run <config> --out {out}  (or: wim score {out}; wim pairs {out}; ...)"
+    return summary
+
+
+def _check_shards(dirs: list[Path], shards: list[str | None]) -> None:
+    if any(s is None for s in shards):
+        raise RunDirError("every folder to merge must be a shard run (made with --shard i/n).")
+    parsed = [tuple(int(x) for x in s.split("/")) for s in shards]  # type: ignore[union-attr]
+    counts = {n for _, n in parsed}
+    if len(counts) != 1:
+        raise RunDirError(f"shards come from different splits: {', '.join(shards)}.")
+    indices = [i for i, _ in parsed]
+    if len(set(indices)) != len(indices):
+        raise RunDirError(f"the same shard appears twice among {', '.join(map(str, dirs))}.")

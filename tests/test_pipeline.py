@@ -1,0 +1,179 @@
+"""End to end on the real bundled models: run, re-score, resume after SIGKILL, shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
+
+from wim.records import read_records, record_key
+
+REPORT_KEYS = [
+    "pairs/count",
+    "pairs/tie_rate/numeric", "pairs/tie_rate/wim", "pairs/tie_rate/mixed",
+    "pairs/delta/numeric", "pairs/delta/wim", "pairs/delta/mixed",
+    "pairs/agreement/wim",
+    "judge/parse_fail_rate",
+    "train/steps", "train/loss_first", "train/loss_last",
+    "tokens/generated",
+    "time/generate", "time/judge", "time/score", "time/pairs", "time/train",
+    "zeta/0/tie_rate", "zeta/0.4/tie_rate", "zeta/1/tie_rate",
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "quick"
+    run_wim(["run", str(QUICKSTART), "--out", str(out), "--no-progress", *sets(SHRUNK)])
+    return out
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end(finished_run: Path) -> None:
+    for name in ("resolved_config.yaml", "samples.jsonl", "judgements.jsonl", "scores.jsonl",
+                 "pairs.jsonl", "report.json", "report.md", "report.html",
+                 "plots/score_hist.png", "train/adapter/adapter_model.safetensors"):
+        assert (finished_run / name).exists(), name
+    samples = read_records(finished_run / "samples.jsonl")
+    assert sorted(record_key(r) for r in samples) == sorted(
+        (r["prompt_id"], j) for r in samples[::2] for j in range(2))
+    assert len(samples) == 8 and all(r["response"] for r in samples)
+    judgements = read_records(finished_run / "judgements.jsonl")
+    assert len(judgements) == 8
+    for j in judgements:
+        assert {"prompt_id", "sample_idx", "prompt", "response", "critique", "rating",
+                "parse_ok", "raw_judge_text", "judge_role", "judge_model"} <= set(j)
+        assert j["parse_ok"] == (j["rating"] is not None)
+    report = json.loads((finished_run / "report.json").read_text())
+    missing = [k for k in REPORT_KEYS if k not in report]
+    assert not missing, missing
+    assert report["train/steps"] == 2
+    assert report["tokens/generated"] == sum(r["completion_tokens"] for r in samples)
+    assert "135M" in (finished_run / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_lora_weights_changed(finished_run: Path) -> None:
+    from safetensors.torch import load_file
+
+    weights = load_file(str(finished_run / "train/adapter/adapter_model.safetensors"))
+    lora_b = [t for name, t in weights.items() if "lora_B" in name]
+    # PEFT starts every lora_B at zero; any non-zero entry was learned by DPO.
+    assert lora_b and any(t.abs().max() > 0 for t in lora_b)
+    report = json.loads((finished_run / "report.json").read_text())
+    assert report["train/lora_delta_norm"] > 0
+
+
+@pytest.mark.slow
+def test_rescore_makes_no_judge_calls(finished_run: Path, tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    import numpy as np
+
+    from wim import backends, judges
+    from wim.cli import main
+    from wim.embedders import Embedder
+
+    run = tmp_path / "rescored"
+    shutil.copytree(finished_run, run)
+    calls = []
+    monkeypatch.setattr(judges.BackendJudge, "judge", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(backends.TransformersBackend, "generate", lambda *a, **k: calls.append(a))
+    before = (run / "judgements.jsonl").read_bytes()
+    assert main(["score", str(run), "--set", "scoring.zeta=1.0", "--no-progress"]) == 0
+    assert calls == []
+    assert (run / "judgements.jsonl").read_bytes() == before
+    scores = read_records(run / "scores.jsonl")
+    embedder = Embedder("bundled:all-minilm-l6-v2")
+    for s in scores:
+        assert s["zeta"] == 1.0
+        if not s["parse_ok"]:
+            assert s["score"] is None
+            continue
+        if s["critique"] == "":
+            assert s["score"] == 1.0
+            continue
+        e = embedder.model.encode([s["response"], s["critique"]])
+        cos = float(np.dot(e[0], e[1]) / np.linalg.norm(e[0]) / np.linalg.norm(e[1]))
+        assert abs(s["score"] - cos) < 1e-5
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+EIGHT = [*SHRUNK, "prompts.limit=8"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted, unsharded run of 8 prompts (4 batches of 2) up to the pairs."""
+    out = tmp_path_factory.mktemp("ref") / "ref"
+    run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+             *sets(EIGHT)])
+    return out
+
+
+def _same_records(a: Path, b: Path, name: str) -> None:
+    left = sorted(read_records(a / name), key=record_key)
+    right = sorted(read_records(b / name), key=record_key)
+    assert [record_key(r) for r in left] == [record_key(r) for r in right]
+    assert left == right
+
+
+def _kill_when(cmd: list[str], path: Path, min_lines: int) -> None:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "wim", *cmd], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while _lines(path) < min_lines and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_equals_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+           *sets(EIGHT)]
+    _kill_when(cmd, out / "samples.jsonl", 3)  # mid-generation
+    assert 3 <= _lines(out / "samples.jsonl") < 16
+    _kill_when(cmd, out / "judgements.jsonl", 3)  # mid-judging
+    assert _lines(out / "judgements.jsonl") < 16
+    run_wim(cmd)
+    for name in ("samples.jsonl", "judgements.jsonl", "scores.jsonl"):
+        _same_records(reference_run, out, name)
+    assert len(read_records(out / "samples.jsonl")) == 16
+    assert len(read_records(out / "judgements.jsonl")) == 16
+    ref_pairs = read_records(reference_run / "pairs.jsonl")
+    assert read_records(out / "pairs.jsonl") == ref_pairs
+
+
+@pytest.mark.slow
+def test_two_shards_merged_equal_one_run(reference_run: Path, tmp_path: Path) -> None:
+    shards = []
+    for i in range(2):
+        out = tmp_path / f"shard{i}"
+        run_wim(["generate", str(QUICKSTART), "--out", str(out), "--shard", f"{i}/2",
+                 "--no-progress", *sets(EIGHT)])
+        run_wim(["judge", str(out), "--no-progress"])
+        shards.append(out)
+    # Shards hold disjoint prompts.
+    keys = [{r["prompt_id"] for r in read_records(s / "samples.jsonl")} for s in shards]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+    merged = tmp_path / "merged"
+    run_wim(["merge", *map(str, shards), "--out", str(merged)])
+    _same_records(reference_run, merged, "samples.jsonl")
+    _same_records(reference_run, merged, "judgements.jsonl")
+    # A repeated key is refused.
+    again = run_wim(["merge", str(shards[0]), str(shards[0]), "--out", str(tmp_path / "bad")],
+                    check=False)
+    assert again.returncode == 2 and "same shard" in again.stderr

@@ -1,0 +1,298 @@
+"""HTTPBackend against a real llama-cpp-python OpenAI-compatible server, and a fault proxy.
+
+The server runs the bundled SmolLM2 GGUF. `FaultProxy` is a stdlib HTTP server in a thread that
+sits in front of the real server (or stands alone) and misbehaves on purpose, request by request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from wim.backends import SamplingParams
+from wim.http_backend import HTTPBackend
+from wim.models import bundled_gguf_path
+
+pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python is not installed (pip install 'wim[llama]')"
+)
+
+CONVS = [
+    [{"role": "user", "content": "Name three colours."}],
+    [{"role": "user", "content": "Why is the sky blue?"}],
+]
+PARAMS = SamplingParams(max_new_tokens=16, temperature=0.8)
+JSON_HEADERS = {"Content-Type": "application/json"}
+CANNED = {
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "canned"}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path())]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("llama_cpp.server did not answer GET /v1/models within 60 s")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class FaultProxy:
+    """An HTTP server whose i-th request gets the action `plan(i)`.
+
+    Actions: forward (to `upstream`), canned (a valid reply), 500, 429, 400, echo401 (401 whose
+    body echoes the Authorization header, as careless servers do), slow (no reply until closed),
+    malformed (invalid JSON), nochoices (JSON without choices), close (drop the connection),
+    forward_then_die (forward, then shut the whole server down: later connects are refused).
+    """
+
+    def __init__(self, plan: Callable[[int], str], upstream: str | None = None) -> None:
+        self.plan = plan
+        self.upstream = upstream
+        self.count = 0
+        self.auth_headers: list[str | None] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # client gone: expected here
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            self.server.shutdown()
+            self.server.server_close()
+
+    def _handler(self):
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with proxy._lock:
+                    index = proxy.count
+                    proxy.count += 1
+                    proxy.auth_headers.append(self.headers.get("Authorization"))
+                action = proxy.plan(index)
+                if action in ("forward", "forward_then_die"):
+                    upstream = proxy.upstream + self.path.removeprefix("/v1")
+                    reply = httpx.post(upstream, content=body, headers=JSON_HEADERS, timeout=120)
+                    self._reply(reply.status_code, reply.content)
+                    if action == "forward_then_die":
+                        threading.Thread(target=proxy.close).start()
+                elif action == "canned":
+                    self._reply(200, json.dumps(CANNED).encode())
+                elif action in ("500", "429", "400"):
+                    self._reply(int(action), b'{"error": "injected"}')
+                elif action == "echo401":
+                    echoed = f"bad key: {self.headers.get('Authorization')}"
+                    self._reply(401, json.dumps({"error": echoed}).encode())
+                elif action == "slow":
+                    proxy._closed.wait(30)
+                elif action == "malformed":
+                    self._reply(200, b'{"choices": [{"message": ')
+                elif action == "nochoices":
+                    self._reply(200, b'{"object": "chat.completion"}')
+                elif action != "close":
+                    raise ValueError(f"unknown action {action}")
+
+            def _reply(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+@pytest.fixture
+def proxies():
+    made: list[FaultProxy] = []
+
+    def make(plan: Callable[[int], str], upstream: str | None = None) -> FaultProxy:
+        made.append(FaultProxy(plan, upstream))
+        return made[-1]
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+def _backend(urls: list[str], **kw) -> HTTPBackend:
+    kw = {"model": "smollm2", "concurrency": 2, "timeout_s": 30.0, "backoff_s": 0.02, **kw}
+    return HTTPBackend(urls, **kw)
+
+
+def _texts(results) -> list[str]:
+    return [c.text for row in results for c in row]
+
+
+def test_real_completions(server_url):
+    backend = _backend([server_url])
+    results = backend.generate(CONVS, PARAMS, n=2, seed=1)
+    assert [len(row) for row in results] == [2, 2]
+    for c in (c for row in results for c in row):
+        assert c.ok and c.error is None and c.text.strip()
+        assert c.prompt_tokens > 0 and c.completion_tokens > 0
+    assert backend.stats == {"requests": 4, "retries": 0, "failures": 0}
+
+
+def test_same_seed_same_text(server_url):
+    # The llama.cpp server honours the per-request seed. Its prefix cache makes a logit
+    # depend slightly on the previous request, so each run starts after the same warm-up
+    # prompt and sends its requests in one order (concurrency 1).
+    backend = _backend([server_url], concurrency=1)
+    warm_up = [[{"role": "user", "content": "Say hello."}]]
+
+    def run(seed: int) -> list[str]:
+        backend.generate(warm_up, PARAMS, seed=0)
+        return _texts(backend.generate(CONVS, PARAMS, n=2, seed=seed))
+
+    first, second, other = run(7), run(7), run(8)
+    assert first == second
+    assert first != other
+    assert len(set(first)) > 1  # each sample has its own seed
+
+
+def test_round_robin_over_urls(server_url, proxies):
+    a = proxies(lambda i: "forward", server_url)
+    b = proxies(lambda i: "forward", server_url)
+    backend = _backend([a.url, b.url])
+    results = backend.generate(CONVS, PARAMS, n=2)
+    assert all(c.ok for row in results for c in row)
+    assert (a.count, b.count) == (2, 2)
+    assert backend.stats["requests"] == 4
+
+
+def test_slow_reply_is_retried_on_next_url(proxies):
+    slow, fast = proxies(lambda i: "slow"), proxies(lambda i: "canned")
+    backend = _backend([slow.url, fast.url], concurrency=1, timeout_s=0.5)
+    [[c]] = backend.generate(CONVS[:1], PARAMS)
+    assert c.ok and c.text == "canned"
+    assert (slow.count, fast.count) == (1, 1)
+    assert backend.stats == {"requests": 2, "retries": 1, "failures": 0}
+
+
+def test_slow_reply_everywhere_is_a_counted_failure(proxies):
+    slow = proxies(lambda i: "slow")
+    backend = _backend([slow.url], timeout_s=0.3, max_retries=1)
+    start = time.monotonic()
+    [[c]] = backend.generate(CONVS[:1], PARAMS)
+    assert time.monotonic() - start < 10
+    assert not c.ok and c.text == ""
+    assert "timeout" in c.error and slow.url in c.error and "2 attempts" in c.error
+    assert backend.stats == {"requests": 2, "retries": 1, "failures": 1}
+
+
+@pytest.mark.parametrize("fault", ["500", "429"])
+def test_server_error_then_success(server_url, proxies, fault):
+    proxy = proxies(lambda i: fault if i < 2 else "forward", server_url)
+    backend = _backend([proxy.url], concurrency=1)
+    [[c]] = backend.generate(CONVS[:1], PARAMS)
+    assert c.ok and c.text.strip() and c.completion_tokens > 0
+    assert proxy.count == 3
+    assert backend.stats == {"requests": 3, "retries": 2, "failures": 0}
+
+
+def test_client_error_is_not_retried(proxies):
+    proxy = proxies(lambda i: "400")
+    backend = _backend([proxy.url])
+    [[c]] = backend.generate(CONVS[:1], PARAMS)
+    assert not c.ok and "HTTP 400" in c.error and proxy.url in c.error
+    assert proxy.count == 1
+    assert backend.stats == {"requests": 1, "retries": 0, "failures": 1}
+
+
+@pytest.mark.parametrize("fault", ["malformed", "nochoices"])
+def test_malformed_body_is_retried_then_fails(proxies, fault):
+    proxy = proxies(lambda i: fault)
+    backend = _backend([proxy.url], max_retries=2)
+    [[c]] = backend.generate(CONVS[:1], PARAMS)
+    assert not c.ok and c.error.startswith("malformed response from") and "\n" not in c.error
+    assert proxy.count == 3
+    assert backend.stats == {"requests": 3, "retries": 2, "failures": 1}
+
+
+@pytest.mark.parametrize("with_spare", [False, True])
+def test_server_dying_mid_run(server_url, proxies, with_spare):
+    dying = proxies(lambda i: "forward_then_die" if i == 0 else "close", server_url)
+    urls = [dying.url] + ([server_url] if with_spare else [])
+    backend = _backend(urls, concurrency=2, max_retries=2)
+    convs = CONVS + [[{"role": "user", "content": "Count to three."}]]
+    start = time.monotonic()
+    results = backend.generate(convs, PARAMS, n=2)
+    assert time.monotonic() - start < 30  # a hang guard, not a benchmark
+    assert [len(row) for row in results] == [2, 2, 2]  # no silent gap
+    done = [c for row in results for c in row]
+    failed = [c for c in done if not c.ok]
+    assert backend.stats["failures"] == len(failed)
+    assert all(c.error and not c.text for c in failed)
+    if with_spare:
+        assert not failed  # every retry found the live URL
+    else:
+        assert len(failed) == 5  # only the first request got through before the server died
+        assert dying.url in failed[0].error
+
+
+def test_api_key_never_leaks(monkeypatch, caplog, proxies):
+    secret = secrets.token_hex(16)
+    monkeypatch.setenv("WIM_API_KEY", secret)
+    caplog.set_level(logging.DEBUG)  # httpx and httpcore log at DEBUG too
+    echo = proxies(lambda i: "echo401")
+    refused = f"http://127.0.0.1:{_free_port()}/v1"
+    backend = _backend([echo.url, refused], max_retries=1)
+    results = backend.generate(CONVS, PARAMS, n=1)
+    assert echo.auth_headers[0] == f"Bearer {secret}"  # the key is sent...
+    errors = [c.error for row in results for c in row]
+    assert all(errors) and any("HTTP 401" in e for e in errors)
+    for text in [repr(backend), str(backend), caplog.text, *errors]:  # ...and shown nowhere
+        assert secret not in text
+    assert "WIM_API_KEY" in repr(backend)

@@ -1,0 +1,227 @@
+"""Generation over HTTP from OpenAI-compatible servers (vLLM, SGLang, TGI, llama.cpp, OpenAI).
+
+One request per sample (`n=1`), sent concurrently from a thread pool, round-robin over the base
+URLs. A request that fails with a connect error, a timeout, 429, 5xx or a malformed body is
+retried with exponential backoff on the next URL; other 4xx are not retried. After
+`max_retries` retries it becomes `Completion(ok=False, error=...)`: the backend never raises
+for a request and never waits without a timeout. The API key is read once from an environment
+variable and appears only in the Authorization header, never in reprs, errors or logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from wim.backends import Backend, Completion, Conversation, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 30.0  # one wait never exceeds this, whatever the attempt number
+_BODY_SNIPPET = 120  # characters of an error body kept in the error message
+
+
+def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
+    """The seed of one request, so that a text does not depend on what else was in the call."""
+    return seed + 1000 * conv_index + sample_index
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: str
+    retry: bool
+
+
+class HTTPBackend(Backend):
+    """Chat completions from one or more OpenAI-compatible base URLs (ending in `/v1`)."""
+
+    name = "http"
+    supports_prefill = False
+
+    def __init__(
+        self,
+        base_urls: list[str],
+        model: str,
+        api_key_env: str = "WIM_API_KEY",
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+    ) -> None:
+        import httpx
+
+        if isinstance(base_urls, str):
+            base_urls = [base_urls]
+        if not base_urls:
+            raise ValueError("HTTPBackend needs at least one base URL")
+        if concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+            raise ValueError(
+                "HTTPBackend needs concurrency >= 1, timeout_s > 0, max_retries >= 0, "
+                "backoff_s >= 0"
+            )
+        self.base_urls = [u.rstrip("/") for u in base_urls]
+        self.model = model
+        self.api_key_env = api_key_env
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self._lock = threading.Lock()
+        self._next = 0
+        self._jitter = random.Random()  # jitter only spreads retries; it never touches results
+        # The key lives only in the client's headers (httpx masks it in their repr) and in
+        # `_secret` for scrubbing error text; it is not an attribute anyone prints.
+        key = os.environ.get(api_key_env) or ""
+        self._secret = key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        )
+
+    def __repr__(self) -> str:
+        key = "set" if self._secret else "unset"
+        return (
+            f"HTTPBackend(base_urls={self.base_urls!r}, model={self.model!r}, "
+            f"api_key_env={self.api_key_env!r} ({key}), concurrency={self.concurrency}, "
+            f"timeout_s={self.timeout_s}, max_retries={self.max_retries})"
+        )
+
+    def generate(
+        self,
+        conversations: list[Conversation],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        seed: int = 0,
+        prefill: str | None = None,
+    ) -> list[list[Completion]]:
+        if prefill:
+            raise ValueError("the http backend cannot prefill the assistant turn")
+        jobs = [(i, j) for i in range(len(conversations)) for j in range(n)]
+        results: list[list[Completion | None]] = [[None] * n for _ in conversations]
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="wim-http") as pool:
+            futures = {
+                pool.submit(self.complete, conversations[i], params, sample_seed(seed, i, j)): (
+                    i,
+                    j,
+                )
+                for i, j in jobs
+            }
+            for future, (i, j) in futures.items():
+                results[i][j] = future.result()  # complete() never raises
+        return results  # type: ignore[return-value]
+
+    def complete(self, messages: Conversation, params: SamplingParams, seed: int) -> Completion:
+        """One chat completion with retries; a failure comes back as `ok=False`."""
+        payload: dict = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": seed,
+            "n": 1,
+        }
+        if params.stop:
+            payload["stop"] = list(params.stop)
+        failure = _Failure("no attempt made", retry=False)
+        first = self._take_index()
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                time.sleep(self._backoff(attempt))
+            # The first attempt takes its turn in the round-robin; each retry moves on to the
+            # URL after the one that failed, so one dead server cannot take every attempt.
+            url = self.base_urls[(first + attempt) % len(self.base_urls)] + "/chat/completions"
+            self._count("requests")
+            try:
+                outcome = self._attempt(url, payload)
+            except Exception as exc:  # never raise out of a worker thread
+                outcome = _Failure(f"{type(exc).__name__} from {url}: {exc}", retry=False)
+            if isinstance(outcome, Completion):
+                return outcome
+            failure = outcome
+            logger.debug("attempt %d failed: %s", attempt + 1, self._scrub(failure.reason))
+            if not failure.retry:
+                break
+        self._count("failures")
+        tries = attempt + 1
+        error = self._scrub(f"{failure.reason} (after {tries} attempt{'s' * (tries > 1)})")
+        logger.warning("http request failed: %s", error)
+        return Completion("", ok=False, error=error)
+
+    def _attempt(self, url: str, payload: dict) -> Completion | _Failure:
+        import httpx
+
+        # httpx timeouts bound each connect and each read; the deadline bounds the whole body,
+        # so even a server that trickles bytes ends the attempt within a few timeout_s.
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            with self._client.stream("POST", url, json=payload) as response:
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        return _Failure(f"timeout after {self.timeout_s}s from {url}", retry=True)
+                body = b"".join(chunks)
+        except httpx.TimeoutException as exc:
+            return _Failure(f"timeout ({type(exc).__name__}) from {url}", retry=True)
+        except httpx.TransportError as exc:  # refused, reset, closed mid-reply, DNS
+            return _Failure(f"{type(exc).__name__} from {url}: {exc}", retry=True)
+        status = response.status_code
+        if status != 200:
+            snippet = body[:_BODY_SNIPPET].decode("utf-8", errors="replace")
+            retry = status == 429 or status >= 500
+            return _Failure(f"HTTP {status} from {url}: {snippet}", retry=retry)
+        return _parse(body, url)
+
+    def _take_index(self) -> int:
+        with self._lock:
+            index = self._next % len(self.base_urls)
+            self._next += 1
+        return index
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def _backoff(self, attempt: int) -> float:
+        wait = min(self.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
+        return wait + self._jitter.uniform(0, 0.1 * wait)
+
+    def _scrub(self, text: str) -> str:
+        """One line, without the API key (a server may echo the Authorization header)."""
+        text = " ".join(text.split())
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return text
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _parse(body: bytes, url: str) -> Completion | _Failure:
+    """A Completion from a chat-completion body, or a retryable failure if it is malformed."""
+    try:
+        data = json.loads(body)
+        text = data["choices"][0]["message"]["content"]
+        usage = data.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        snippet = body[:_BODY_SNIPPET].decode("utf-8", errors="replace")
+        return _Failure(
+            f"malformed response from {url} ({type(exc).__name__}): {snippet}", retry=True
+        )
+    if not isinstance(text, str):
+        return _Failure(f"malformed response from {url}: message content is not text", retry=True)
+    return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
