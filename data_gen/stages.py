@@ -53,7 +53,8 @@ def prompt_batches(prompts: list[Prompt], batch_size: int, shard: Shard | None =
     """[(batch index, prompts)], sorted by length, this shard's share only."""
     ordered = sorted(prompts, key=lambda p: (sum(len(m["content"]) for m in p.messages), p.id))
     batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
-    return [(b, batch) for b, batch in enumerate(batches) if shard is None or b % shard.count == shard.index]
+    return [(b, batch) for b, batch in enumerate(batches)
+            if shard is None or b % shard.count == shard.index]
 
 
 def batch_seed(seed: int, stage: str, batch_index: int) -> int:

@@ -25,7 +25,8 @@ class ConfigError(ValueError):
 @dataclass
 class PromptsConfig:
     source: str = "bundled"
-    """`bundled` (64 prompts over 8 domains), a local .jsonl/.csv/.parquet file, or a datasets name."""
+    """`bundled` (64 prompts over 8 domains), a local .jsonl/.csv/.parquet file, or a
+    datasets name."""
     split: str = "train"
     """Split to read when `source` is a datasets name."""
     limit: int | None = None
@@ -202,7 +203,8 @@ def validate(cfg: Config, source: str = "config") -> None:
         if not 0.0 <= z <= 1.0:
             fail("scoring.report_zetas", "hold values in [0, 1]", z)
     if cfg.generation.k < 2:
-        fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)", cfg.generation.k)
+        fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
+             cfg.generation.k)
     positive = {
         "generation.max_new_tokens": cfg.generation.max_new_tokens,
         "generation.batch_size": cfg.generation.batch_size,

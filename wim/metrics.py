@@ -62,7 +62,8 @@ def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) ->
         n = len(deltas[s])
         out[f"tie_rate/{s}"] = ties[s] / n if n else math.nan
         out[f"delta/{s}"] = sum(deltas[s]) / n if n else math.nan
-        out[f"delta_best_worst/{s}"] = (sum(spreads[s]) / len(spreads[s])) if spreads[s] else math.nan
+        spread = spreads[s]
+        out[f"delta_best_worst/{s}"] = sum(spread) / len(spread) if spread else math.nan
         out[f"no_pair_share/{s}"] = no_pair[s] / len(groups) if groups else math.nan
         out[f"sample_pairs/{s}"] = n
         if s != "numeric":
