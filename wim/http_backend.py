@@ -106,17 +106,14 @@ class HTTPBackend(Backend):
     ) -> list[list[Completion]]:
         if prefill:
             raise ValueError("the http backend cannot prefill the assistant turn")
-        jobs = [(i, j) for i in range(len(conversations)) for j in range(n)]
         results: list[list[Completion | None]] = [[None] * n for _ in conversations]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="wim-http") as pool:
-            futures = {
-                pool.submit(self.complete, conversations[i], params, sample_seed(seed, i, j)): (
-                    i,
-                    j,
-                )
-                for i, j in jobs
-            }
-            for future, (i, j) in futures.items():
+            futures = [
+                (i, j, pool.submit(self.complete, conv, params, sample_seed(seed, i, j)))
+                for i, conv in enumerate(conversations)
+                for j in range(n)
+            ]
+            for i, j, future in futures:
                 results[i][j] = future.result()  # complete() never raises
         return results  # type: ignore[return-value]
 

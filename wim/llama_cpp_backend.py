@@ -88,8 +88,14 @@ class LlamaCppBackend(Backend):
         """Load `bundled:smollm2-135m-instruct` or a `.gguf` file."""
         path = resolve_gguf(name)
         llama_cpp = _import_llama_cpp()
+        # n_threads_batch follows n_threads: llama.cpp would otherwise use every core for the
+        # prompt, which crawls when the cores are shared with other processes.
         llama = llama_cpp.Llama(
-            model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            verbose=False,
         )
         return cls(llama, label=name)
 
@@ -109,30 +115,35 @@ class LlamaCppBackend(Backend):
     ) -> list[list[Completion]]:
         results = []
         for i, conversation in enumerate(conversations):
-            # Tokens, not text: the template already wrote any BOS it wants, as with
-            # transformers' `add_special_tokens=False`.
-            tokens = self.llama.tokenize(
-                self.render(conversation, prefill).encode("utf-8"), add_bos=False, special=True
-            )
-            results.append(
-                self._generate_one(tokens, params, n, [sample_seed(seed, i, j) for j in range(n)])
-            )
+            seeds = [sample_seed(seed, i, j) for j in range(n)]
+            try:
+                # Tokens, not text: the template already wrote any BOS it wants, as with
+                # transformers' `add_special_tokens=False`.
+                text = self.render(conversation, prefill)
+                tokens = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            except Exception as exc:  # e.g. the template refuses the roles: fail this one only
+                results.append(_failed(n, 0, f"llama.cpp: cannot render the prompt: {exc}"))
+                continue
+            results.append(self._generate_one(tokens, params, seeds))
         return results
 
     def _generate_one(
-        self, tokens: list[int], params: SamplingParams, n: int, seeds: list[int]
+        self, tokens: list[int], params: SamplingParams, seeds: list[int]
     ) -> list[Completion]:
-        if len(tokens) >= self.llama.n_ctx():
-            error = f"llama.cpp: prompt of {len(tokens)} tokens exceeds n_ctx={self.llama.n_ctx()}"
-            logger.warning(error)
-            return [Completion("", len(tokens), 0, ok=False, error=error) for _ in range(n)]
+        n_ctx = self.llama.n_ctx()
+        if len(tokens) >= n_ctx:
+            error = f"llama.cpp: prompt of {len(tokens)} tokens exceeds n_ctx={n_ctx}"
+            return _failed(len(seeds), len(tokens), error)
         # The logits of a prompt depend slightly on how its tokens were batched, and
         # llama-cpp-python's prefix cache batches a repeated prompt differently (it replays only
         # the last token). So every sample takes the same path: the prompt but its last token
         # is evaluated fresh once per conversation, and each sample evaluates the last token.
         # Texts then depend only on (prompt, params, seed), never on earlier calls.
-        self.llama.reset()
-        self.llama.eval(tokens[:-1])
+        try:
+            self.llama.reset()
+            self.llama.eval(tokens[:-1])
+        except Exception as exc:
+            return _failed(len(seeds), len(tokens), f"llama.cpp: prompt evaluation failed: {exc}")
         return [self._sample(tokens, params, s) for s in seeds]
 
     def _sample(self, tokens: list[int], params: SamplingParams, seed: int) -> Completion:
@@ -150,8 +161,7 @@ class LlamaCppBackend(Backend):
                 seed=seed,
             )
         except Exception as exc:  # one bad prompt must not end the run
-            logger.warning("llama.cpp completion failed: %s", exc)
-            return Completion("", len(tokens), 0, ok=False, error=f"llama.cpp: {exc}")
+            return _failed(1, len(tokens), f"llama.cpp: completion failed: {exc}")[0]
         usage = out.get("usage") or {}
         return Completion(
             out["choices"][0]["text"],
@@ -163,3 +173,8 @@ class LlamaCppBackend(Backend):
         close = getattr(self.llama, "close", None)
         if close is not None:
             close()
+
+
+def _failed(n: int, prompt_tokens: int, error: str) -> list[Completion]:
+    logger.warning("%s", error)
+    return [Completion("", prompt_tokens, 0, ok=False, error=error) for _ in range(n)]

@@ -26,8 +26,8 @@ CRITERIA = "accuracy and the dosage caveats a pharmacist would add"
 QUESTION = "Why is the sky blue?"
 ANSWER = "Because of the way sunlight interacts with air."
 STRICT_FORMAT = (
-    'Missing: <one or two sentences naming specific content the answer left out, or "None" if '
-    "nothing important is missing>\nRating: <one integer from 1 to 10>"
+    'Missing: <one or two sentences naming what the answer left out, or "None">\n'
+    "Rating: <one integer from 1 to 10>"
 )
 
 

@@ -1,0 +1,190 @@
+"""Generation throughput on the bundled SmolLM2-135M: naive loop vs our backends, one run.
+
+    python tests/benchmarks/bench_generation.py [--quick]
+
+32 prompts (8 with --quick) x 4 samples x up to 64 new tokens, sampling at temperature 0.8:
+(a) the naive loop, one prompt at a time, `model.generate(num_return_sequences=1)` 4 times;
+(b) `TransformersBackend` with batch sizes 8 and 16, n=4 per call;
+(c) `LlamaCppBackend` (when llama-cpp-python is installed).
+Throughput counts the tokens actually generated (up to and including EOS), never padding.
+The table is printed and written to tests/benchmarks/results/generation.txt. Not a test: the
+file name keeps pytest from collecting it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ROOT / "wim" / "data" / "prompts.jsonl"
+RESULTS = Path(__file__).resolve().parent / "results" / "generation.txt"
+SAMPLES = 4
+MAX_NEW_TOKENS = 64
+TEMPERATURE = 0.8
+
+FALLBACK_PROMPTS = [
+    "Explain why ice floats on water.",
+    "Why is the sky blue during the day but red at sunset?",
+    "How do vaccines train the immune system?",
+    "What causes the seasons on Earth?",
+    "Summarise the causes of the French Revolution.",
+    "Why did the Roman Empire split in two?",
+    "What was the significance of the printing press?",
+    "Describe the main effects of the Industrial Revolution.",
+    "Write a Python function that reverses a linked list.",
+    "Explain the difference between a list and a tuple in Python.",
+    "What is a race condition and how do you avoid one?",
+    "How does a hash table handle collisions?",
+    "Is it ever right to break a promise?",
+    "What is the trolley problem and why does it matter?",
+    "Should animals have legal rights?",
+    "Is lying to protect someone's feelings acceptable?",
+    "How should I prepare for a job interview?",
+    "Give me tips for sleeping better.",
+    "How can I save money on groceries?",
+    "What is a good way to learn a new language?",
+    "Write a short poem about the sea.",
+    "Describe a city on Mars in the year 2200.",
+    "Write the opening line of a mystery novel.",
+    "Invent a new holiday and describe how it is celebrated.",
+    "What is compound interest?",
+    "Explain inflation to a ten-year-old.",
+    "Should I pay off debt or invest first?",
+    "What is an index fund?",
+    "How does the heart pump blood?",
+    "What are the benefits of regular exercise?",
+    "Why do we need vitamin D?",
+    "What is the difference between a virus and a bacterium?",
+]
+
+
+def load_prompts(count: int) -> list[str]:
+    """`count` prompts spread over the domains of wim/data/prompts.jsonl (else the fallback)."""
+    if PROMPTS.exists():
+        rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+        prompts = [row["prompt"] for row in rows]
+    else:
+        prompts = FALLBACK_PROMPTS
+    step = max(1, len(prompts) // count)  # the file is grouped by domain: take every step-th
+    return (prompts[::step] + prompts)[:count]
+
+
+def timed(run: Callable[[], int]) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokens = run()
+    return time.perf_counter() - start, tokens
+
+
+def naive_loop(model, tokenizer, convs) -> int:
+    import torch
+
+    from wim.backends import _count_generated  # the same count as TransformersBackend
+
+    torch.manual_seed(0)
+    tokens = 0
+    for conv in convs:
+        text = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        enc = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        for _ in range(SAMPLES):
+            with torch.inference_mode():
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    do_sample=True,
+                    temperature=TEMPERATURE,
+                    top_p=1.0,
+                    num_return_sequences=1,
+                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                )
+            tokens += _count_generated(out[0, enc.input_ids.shape[1] :], tokenizer)
+    return tokens
+
+
+def backend_run(backend, convs, params) -> int:
+    results = backend.generate(convs, params, n=SAMPLES, seed=0)
+    assert all(c.ok for row in results for c in row), "a completion failed"
+    return sum(c.completion_tokens for row in results for c in row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 prompts instead of 32")
+    args = parser.parse_args()
+
+    import torch
+
+    from wim.backends import SamplingParams, TransformersBackend, load_causal_lm
+    from wim.models import BUNDLED_POLICY
+
+    torch.set_num_threads(2)
+    prompts = load_prompts(8 if args.quick else 32)
+    convs = [[{"role": "user", "content": p}] for p in prompts]
+    params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
+    load_start = os.getloadavg()[0]
+
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY)
+    warm = TransformersBackend(model, tokenizer, batch_size=2)
+    warm.generate(convs[:2], SamplingParams(max_new_tokens=4), n=2)  # first-call overheads
+
+    rows: list[tuple[str, float, int]] = []
+
+    def record(label: str, run: Callable[[], int]) -> None:
+        seconds, tokens = timed(run)
+        rows.append((label, seconds, tokens))
+        print(f"  {label}: {tokens} tokens in {seconds:.1f} s", flush=True)
+
+    record("naive loop (batch 1, n=1 x 4)", lambda: naive_loop(model, tokenizer, convs))
+    for batch_size in (8, 16):
+        backend = TransformersBackend(model, tokenizer, batch_size=batch_size)
+        record(
+            f"TransformersBackend bs={batch_size}, n=4",
+            lambda b=backend: backend_run(b, convs, params),
+        )
+    try:
+        from wim.llama_cpp_backend import LlamaCppBackend
+
+        llama = LlamaCppBackend.load(BUNDLED_POLICY, n_threads=2)
+    except ImportError as exc:
+        print(f"  skipping llama.cpp: {exc}")
+    else:
+        llama.generate(convs[:1], SamplingParams(max_new_tokens=4))
+        record("LlamaCppBackend (n_threads=2)", lambda: backend_run(llama, convs, params))
+        llama.close()
+
+    table = format_table(rows, len(prompts), load_start, os.getloadavg()[0])
+    print(table)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(table + "\n")
+    print(f"written to {RESULTS.relative_to(ROOT)}")
+
+
+def format_table(rows, n_prompts: int, load_start: float, load_end: float) -> str:
+    naive_rate = rows[0][2] / rows[0][1]
+    batched = [r for r in rows if r[0].startswith("TransformersBackend")]
+    best = max(batched, key=lambda r: r[2] / r[1])
+    lines = [
+        f"SmolLM2-135M-Instruct, {n_prompts} prompts x {SAMPLES} samples x <= {MAX_NEW_TOKENS} "
+        f"new tokens, temperature {TEMPERATURE}",
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads 2, "
+        f"load average {load_start:.2f} at start, {load_end:.2f} at end",
+        "",
+        f"{'method':<34} {'seconds':>8} {'tokens':>7} {'tok/s':>7} {'x naive':>8}",
+    ]
+    for label, seconds, tokens in rows:
+        rate = tokens / seconds
+        lines.append(
+            f"{label:<34} {seconds:>8.1f} {tokens:>7d} {rate:>7.1f} {rate / naive_rate:>7.2f}x"
+        )
+    rate = best[2] / best[1]
+    lines.append(f"best batched: {best[0]} at {rate:.1f} tok/s, {rate / naive_rate:.2f}x naive")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
