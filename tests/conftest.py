@@ -45,3 +45,52 @@ def run_wim(args: list[str], check: bool = True, **kwargs) -> subprocess.Complet
 @pytest.fixture(scope="session")
 def quickstart() -> Path:
     return QUICKSTART
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory):
+    """A real OpenAI-compatible server (llama-cpp-python) on 127.0.0.1 with the bundled GGUF."""
+    import time
+
+    import httpx
+
+    pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
+    from wim.models import bundled_gguf_path
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path()),
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("llama_cpp.server did not answer GET /v1/models within 90 s")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

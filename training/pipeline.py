@@ -82,7 +82,6 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                shard: Shard | None = None, progress: bool = True,
                resources: Resources | None = None) -> dict[str, Any]:
     """Run the named stages in order; returns the merged stats (the report when it ran)."""
-    own = resources is None
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}
     try:
@@ -106,8 +105,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
             else:
                 raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(STAGES)}")
     finally:
-        if own:
-            res.close()
+        res.close()
     return stats
 
 

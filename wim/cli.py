@@ -110,7 +110,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     from data_gen.stages import Shard
-    from training.pipeline import STAGES, run_stages
+    from training.pipeline import STAGES, Resources, run_stages
     from wim.rundir import RunDir
 
     cfg, out = resolve(args)
@@ -120,14 +120,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         shard = Shard.parse(args.shard)
     except ValueError as err:
         raise UserFacingError(str(err)) from None
-    run = RunDir(out)
-    run.claim(cfg, str(shard) if shard else None)
     if args.command == "run":
         stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
     else:
         stages = (args.command,)
+    resources = Resources(cfg)
+    if {"generate", "judge"} & set(stages):
+        resources.prompts()  # a bad prompts file fails before the run directory is touched
+    run = RunDir(out)
+    run.claim(cfg, str(shard) if shard else None)
     try:
-        result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress)
+        result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
+                            resources=resources)
     except ValueError as err:
         if args.verbose:
             raise

@@ -132,11 +132,13 @@ def main() -> None:
     warm = TransformersBackend(model, tokenizer, batch_size=2)
     warm.generate(convs[:2], SamplingParams(max_new_tokens=4), n=2)  # first-call overheads
 
-    rows: list[tuple[str, float, int]] = []
+    rows: list[tuple[str, float, int, float]] = []
 
     def record(label: str, run: Callable[[], int]) -> None:
         seconds, tokens = timed(run)
-        rows.append((label, seconds, tokens))
+        # Other processes on the same cores slow everything (2 threads stall each other when
+        # one is descheduled): the load average after each row shows which rows were hit.
+        rows.append((label, seconds, tokens, os.getloadavg()[0]))
         print(f"  {label}: {tokens} tokens in {seconds:.1f} s", flush=True)
 
     record("naive loop (batch 1, n=1 x 4)", lambda: naive_loop(model, tokenizer, convs))
@@ -174,12 +176,13 @@ def format_table(rows, n_prompts: int, load_start: float, load_end: float) -> st
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads 2, "
         f"load average {load_start:.2f} at start, {load_end:.2f} at end",
         "",
-        f"{'method':<34} {'seconds':>8} {'tokens':>7} {'tok/s':>7} {'x naive':>8}",
+        f"{'method':<34} {'seconds':>8} {'tokens':>7} {'tok/s':>7} {'x naive':>8} {'load':>5}",
     ]
-    for label, seconds, tokens in rows:
+    for label, seconds, tokens, load in rows:
         rate = tokens / seconds
         lines.append(
             f"{label:<34} {seconds:>8.1f} {tokens:>7d} {rate:>7.1f} {rate / naive_rate:>7.2f}x"
+            f" {load:>5.2f}"
         )
     rate = best[2] / best[1]
     lines.append(f"best batched: {best[0]} at {rate:.1f} tok/s, {rate / naive_rate:.2f}x naive")

@@ -1,0 +1,63 @@
+"""Bad input gets one clear paragraph, no traceback, and nothing already written is lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import QUICKSTART, run_wim
+
+from wim.config import load_config
+from wim.rundir import RunDir
+
+
+def _fails(args: list[str]) -> str:
+    proc = run_wim(args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "wim: error:" in proc.stderr
+    return proc.stderr
+
+
+def test_missing_prompts_file(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    err = _fails(["run", str(QUICKSTART), "--out", str(out),
+                  "--set", f"prompts.source={tmp_path / 'nope.jsonl'}"])
+    assert "nope.jsonl" in err
+    assert not out.exists()
+
+
+def test_empty_and_malformed_prompts_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    err = _fails(["generate", str(QUICKSTART), "--out", str(tmp_path / "a"),
+                  "--set", f"prompts.source={empty}"])
+    assert "empty.jsonl" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": oops}\n')
+    err = _fails(["generate", str(QUICKSTART), "--out", str(tmp_path / "b"),
+                  "--set", f"prompts.source={bad}"])
+    assert "bad.jsonl" in err and "line 2" in err
+
+
+def test_out_of_range_values() -> None:
+    for override, words in [("scoring.zeta=2", "[0, 1]"), ("generation.k=1", "at least 2"),
+                            ("dpo.learning_rate=-1e-5", "positive")]:
+        err = _fails(["run", str(QUICKSTART), "--out", "/tmp/never-created", "--set", override])
+        assert override.split("=")[0] in err and words in err
+    assert not Path("/tmp/never-created").exists()
+
+
+def test_existing_run_with_other_config_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    RunDir(out).claim(load_config(QUICKSTART))
+    samples = out / "samples.jsonl"
+    samples.write_text('{"prompt_id": "x", "sample_idx": 0}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    err = _fails(["run", str(QUICKSTART), "--out", str(out), "--set", "generation.k=3"])
+    assert "generation.k" in err and "different config" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_stage_on_a_folder_without_a_run(tmp_path: Path) -> None:
+    err = _fails(["score", str(tmp_path)])
+    assert "no resolved_config.yaml" in err

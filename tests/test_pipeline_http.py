@@ -1,0 +1,36 @@
+"""A run whose external judge is a real OpenAI-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+from conftest import QUICKSTART, SHRUNK, run_wim, sets
+
+from wim.records import read_records
+
+
+@pytest.mark.slow
+def test_http_judge_run_never_writes_the_api_key(server_url: str, tmp_path: Path,
+                                                  monkeypatch) -> None:
+    key = "sk-test-" + secrets.token_hex(16)
+    monkeypatch.setenv("WIM_JUDGE_KEY", key)
+    out = tmp_path / "http"
+    overrides = [*SHRUNK, "judge.role=external", "judge.backend=http",
+                 f"http.base_urls=[{server_url}]", "http.model=smollm2",
+                 "http.api_key_env=WIM_JUDGE_KEY", "http.timeout_s=60"]
+    proc = run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+                    *sets(overrides)])
+    judgements = read_records(out / "judgements.jsonl")
+    assert len(judgements) == 8
+    assert all(j["judge_role"] == "external" and j["judge_model"] == "smollm2"
+               for j in judgements)
+    # The server answered every request: each judgement holds the server's text, parsed or not.
+    assert all(j["raw_judge_text"] or not j["parse_ok"] for j in judgements)
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens/judge/in"] > 0
+    leaked = [p for p in out.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert leaked == []
+    assert key not in proc.stdout + proc.stderr
