@@ -37,6 +37,9 @@ class SamplingParams:
     temperature: float = 0.8  # 0 means greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    guide_label: str | None = None
+    """Judge format guide (backends with `supports_guide`): after one line of critique, force
+    this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
 
 
 class Backend(ABC):
@@ -45,6 +48,8 @@ class Backend(ABC):
     name: str = "backend"
     #: True when the backend can continue a partly written assistant turn (`prefill`).
     supports_prefill: bool = False
+    #: True when the backend honours `SamplingParams.guide_label`.
+    supports_guide: bool = False
 
     @abstractmethod
     def generate(
@@ -73,6 +78,7 @@ class TransformersBackend(Backend):
 
     name = "transformers"
     supports_prefill = True
+    supports_guide = True
 
     def __init__(
         self, model, tokenizer, batch_size: int = 8, label: str = "", without_adapter: bool = False
@@ -134,6 +140,13 @@ class TransformersBackend(Backend):
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.guide_label:
+            from wim.guided import FormatGuide
+
+            guide = FormatGuide(self.tokenizer, enc.input_ids.shape[1], len(texts) * n,
+                                label=params.guide_label,
+                                max_critique_tokens=max(1, params.max_new_tokens - 6))
+            kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
         adapter_off = getattr(self.model, "disable_adapter", None) if self.without_adapter else None
         with torch.inference_mode(), (adapter_off() if adapter_off else contextlib.nullcontext()):
             out = self.model.generate(**enc, **kwargs)

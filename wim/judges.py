@@ -126,6 +126,13 @@ class BackendJudge(Judge):
                                                          prefill=RATING_PREFILL)]
             return [(RATING_PREFILL + o.text, _error(o), o.prompt_tokens, o.completion_tokens)
                     for o in outs]
+        if self.backend.supports_guide:
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0,
+                                    guide_label=RATING_PREFILL)
+            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed,
+                                                         prefill=MISSING_PREFILL)]
+            return [(MISSING_PREFILL + o.text, _error(o), o.prompt_tokens, o.completion_tokens)
+                    for o in outs]
         return self._ask_in_two_steps(convs, temperature, seed)
 
     def _ask_in_two_steps(self, convs, temperature: float, seed: int):

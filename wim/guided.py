@@ -1,0 +1,111 @@
+"""Guided judge format for local transformers judges, in one generate call.
+
+The judge's assistant turn starts with "Missing:" (prefill). `FormatGuide` lets each row write
+one line of critique, then forces the tokens of "Rating:" and allows a few free tokens for the
+number. Without it, the rating would need a second call that re-reads the whole prompt, and on
+a CPU reading the prompt costs more than writing the answer. The guide only decides *where*
+the rating goes; the number itself is the model's, and the parser still checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+
+
+@dataclass
+class _Row:
+    phase: int = 0  # 0 critique, 1 forcing the label, 2 the rating value, 3 done
+    forced: list[int] = field(default_factory=list)
+    count: int = 0  # tokens written in the current phase
+    seen_text: bool = False
+
+
+class FormatGuide(LogitsProcessor):
+    """A logits processor; `stopper()` is the matching per-row stopping criterion."""
+
+    def __init__(self, tokenizer, prompt_len: int, batch: int, label: str = "Rating:",
+                 max_critique_tokens: int = 40, max_value_tokens: int = 3) -> None:
+        self.prompt_len = prompt_len
+        self.label_ids = tokenizer.encode(label, add_special_tokens=False)
+        self.newline_label_ids = tokenizer.encode("\n" + label, add_special_tokens=False)
+        self.max_critique_tokens = max_critique_tokens
+        self.max_value_tokens = max_value_tokens
+        self.eos = tokenizer.eos_token_id
+        self.newline_ids, self.text_ids = _token_classes(tokenizer)
+        self.newline_list = sorted(self.newline_ids)
+        self.rows = [_Row() for _ in range(batch)]
+
+    def stopper(self) -> StoppingCriteria:
+        guide = self
+
+        class _Done(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return guide.done(input_ids, scores)
+
+        return _Done()
+
+    def _advance(self, row: _Row, token: int) -> None:
+        if row.phase == 0:
+            row.count += 1
+            if token in self.newline_ids and row.seen_text:
+                row.phase, row.forced = 1, list(self.label_ids)
+            elif row.count >= self.max_critique_tokens:
+                row.phase, row.forced = 1, list(self.newline_label_ids)
+            row.seen_text = row.seen_text or token in self.text_ids
+        elif row.phase == 1:
+            row.forced.pop(0)
+            if not row.forced:
+                row.phase, row.count = 2, 0
+        elif row.phase == 2:
+            row.count += 1
+            if token in self.newline_ids or token == self.eos or row.count >= self.max_value_tokens:
+                row.phase = 3
+
+    def __call__(self, input_ids, scores):
+        """Logits processor: update each row's phase from its last token, then mask."""
+        generated = input_ids.shape[1] - self.prompt_len
+        for i, row in enumerate(self.rows):
+            if generated > 0:
+                self._advance(row, int(input_ids[i, -1]))
+            if row.phase == 1:
+                # 0, not the model's logit: a top-p filter before us may have set it to -inf.
+                scores[i, :] = float("-inf")
+                scores[i, row.forced[0]] = 0.0
+            elif row.phase == 0 and self.eos is not None:
+                # The critique may not end the turn: the rating has to follow it.
+                scores[i, self.eos] = float("-inf")
+                if not row.seen_text:
+                    scores[i, self.newline_list] = float("-inf")
+        return scores
+
+    def done(self, input_ids, scores) -> torch.Tensor:
+        """A row is finished once its rating value is written."""
+        rows = []
+        for i, row in enumerate(self.rows):
+            if row.phase == 2:
+                # The last token has not been seen by __call__ yet; peek at it.
+                token = int(input_ids[i, -1])
+                finished = (token in self.newline_ids or token == self.eos
+                            or row.count + 1 >= self.max_value_tokens)
+                rows.append(finished and input_ids.shape[1] - self.prompt_len > 0)
+            else:
+                rows.append(row.phase == 3)
+        return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
+
+
+_CLASSES: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
+
+
+def _token_classes(tokenizer) -> tuple[frozenset[int], frozenset[int]]:
+    """(ids whose text holds a newline, ids whose text holds a letter), cached."""
+    key = id(tokenizer)
+    if key not in _CLASSES:
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        texts = [tokenizer.convert_tokens_to_string([p]) if p is not None else "" for p in pieces]
+        newline = frozenset(i for i, t in enumerate(texts) if "\n" in t)
+        text = frozenset(i for i, t in enumerate(texts) if any(c.isalpha() for c in t))
+        _CLASSES[key] = (newline, text)
+    return _CLASSES[key]
