@@ -10,6 +10,7 @@ which other conversations were in the same call.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from wim.backends import Backend, Completion, Conversation, SamplingParams
@@ -88,8 +89,9 @@ class LlamaCppBackend(Backend):
         """Load `bundled:smollm2-135m-instruct` or a `.gguf` file."""
         path = resolve_gguf(name)
         llama_cpp = _import_llama_cpp()
-        # n_threads_batch follows n_threads: llama.cpp would otherwise use every core for the
-        # prompt, which crawls when the cores are shared with other processes.
+        # llama.cpp's default is half the cores for decoding but all of them for the prompt;
+        # all cores crawl (threads wait on each other) when other processes share them.
+        n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
         llama = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=n_ctx,
@@ -111,15 +113,16 @@ class LlamaCppBackend(Backend):
         *,
         n: int = 1,
         seed: int = 0,
-        prefill: str | None = None,
+        prefill: str | list[str] | None = None,
     ) -> list[list[Completion]]:
         results = []
-        for i, conversation in enumerate(conversations):
+        prefills = prefill if isinstance(prefill, list) else [prefill] * len(conversations)
+        for i, (conversation, head) in enumerate(zip(conversations, prefills, strict=True)):
             seeds = [sample_seed(seed, i, j) for j in range(n)]
             try:
                 # Tokens, not text: the template already wrote any BOS it wants, as with
                 # transformers' `add_special_tokens=False`.
-                text = self.render(conversation, prefill)
+                text = self.render(conversation, head)
                 tokens = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
             except Exception as exc:  # e.g. the template refuses the roles: fail this one only
                 results.append(_failed(n, 0, f"llama.cpp: cannot render the prompt: {exc}"))

@@ -1,0 +1,108 @@
+"""Judges: retries, counted failures, roles, and the guided format on the real bundled model."""
+
+from __future__ import annotations
+
+import pytest
+
+from wim.backends import Backend, Completion, TransformersBackend
+from wim.judges import BackendJudge
+
+
+class ScriptedBackend(Backend):
+    """Replies from a script, to simulate a judge that breaks the format (a fault, not a model)."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[str], ok: bool = True) -> None:
+        self.replies = list(replies)
+        self.ok = ok
+        self.seen_temperatures: list[float] = []
+
+    def generate(self, conversations, params, *, n=1, seed=0, prefill=None):
+        self.seen_temperatures.append(params.temperature)
+        out = []
+        for _ in conversations:
+            text = self.replies.pop(0) if self.replies else "still no format"
+            out.append([Completion(text if self.ok else "", 10, 5, ok=self.ok,
+                                   error=None if self.ok else "HTTP 500 from http://x/v1")])
+        return out
+
+
+def _judge(backend: Backend, **kw) -> BackendJudge:
+    return BackendJudge(backend, role="external", model_name="scripted", criteria="accuracy", **kw)
+
+
+def test_failed_parse_is_retried_then_recorded_as_failed() -> None:
+    backend = ScriptedBackend(["no format here", "Rating: 11", "Missing: x\nRating: 7.5"])
+    [result] = _judge(backend, max_retries=2).judge([("q", "a")])
+    assert not result.parse_ok and result.rating is None and result.critique is None
+    assert result.attempts == 3
+    assert result.raw == "Missing: x\nRating: 7.5"  # the raw text of the last attempt is kept
+    assert "7.5" in result.error
+    assert result.prompt_tokens == 30 and result.completion_tokens == 15  # all attempts paid
+    # The first attempt is greedy; retries sample, since greedy would only repeat itself.
+    assert backend.seen_temperatures[0] == 0.0 and backend.seen_temperatures[1] > 0
+
+
+def test_retry_that_parses_is_kept() -> None:
+    backend = ScriptedBackend(["garbage", "Missing: None\nRating: 9"])
+    [result] = _judge(backend, max_retries=2).judge([("q", "a")])
+    assert result.parse_ok and result.rating == 9 and result.critique == ""
+    assert result.attempts == 2
+
+
+def test_only_failures_are_asked_again() -> None:
+    backend = ScriptedBackend(["Missing: the date\nRating: 4", "nope", "Missing: a\nRating: 6"])
+    results = _judge(backend, max_retries=1).judge([("q1", "a1"), ("q2", "a2")])
+    assert [r.rating for r in results] == [4, 6]
+    assert [r.attempts for r in results] == [1, 2]
+
+
+def test_backend_failure_is_a_counted_failure_not_a_score() -> None:
+    [result] = _judge(ScriptedBackend([], ok=False), max_retries=1).judge([("q", "a")])
+    assert not result.parse_ok and result.rating is None
+    assert "backend failed" in result.error and "500" in result.error
+
+
+def test_numeric_mode_needs_no_critique() -> None:
+    [result] = _judge(ScriptedBackend(["Rating: 8"]), mode="numeric").judge([("q", "a")])
+    assert result.parse_ok and result.rating == 8 and result.critique is None
+
+
+@pytest.fixture(scope="module")
+def bundled() -> TransformersBackend:
+    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+
+
+def test_guided_format_on_the_bundled_model(bundled: TransformersBackend) -> None:
+    judge = BackendJudge(bundled.reference_view(), role="fixed", model_name="bundled",
+                         criteria="accuracy", max_new_tokens=24, max_retries=0)
+    items = [("Why is the sky blue?", "Because of the sun."),
+             ("What is 2 + 2?", "4, because two and two make four.")]
+    results = judge.judge(items, seed=3)
+    for r in results:
+        # One call writes "Missing: <line>\nRating: <value>"; the parser still checks the value.
+        assert r.raw.startswith("Missing:")
+        assert "\nRating:" in r.raw
+        assert r.completion_tokens <= 24
+    assert judge.calls == 1
+
+
+def test_fixed_judge_disables_the_adapter(bundled: TransformersBackend) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from wim.backends import SamplingParams
+
+    conv = [[{"role": "user", "content": "Name a colour."}]]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    base = bundled.generate(conv, params)[0][0].text  # before LoRA layers go into the model
+    model = get_peft_model(bundled.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                     init_lora_weights=False))
+    try:
+        policy = TransformersBackend(model, bundled.tokenizer, batch_size=2)
+        with_adapter = policy.generate(conv, params)[0][0].text
+        reference = policy.reference_view().generate(conv, params)[0][0].text
+        assert reference == base  # the same weights with the adapter off: the frozen reference
+        assert with_adapter != base  # a random, non-zero adapter changes the policy
+    finally:
+        model.unload()
