@@ -10,8 +10,6 @@ import json
 import logging
 import secrets
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +20,6 @@ import pytest
 
 from wim.backends import SamplingParams
 from wim.http_backend import HTTPBackend
-from wim.models import bundled_gguf_path
 
 pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (pip install 'wim[llama]')"
@@ -46,37 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path())]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server did not answer GET /v1/models within 60 s")
-            time.sleep(0.25)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+# `server_url` (a real llama-cpp-python server on 127.0.0.1) comes from tests/conftest.py.
 
 
 class FaultProxy:
