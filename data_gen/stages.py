@@ -138,6 +138,7 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     done = index_by_key(read_records(run.judgements))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
+    tokens = 0
     bar = _bar(len(samples), "judge", progress)
     with JsonlAppender(run.judgements) as out:
         for b, batch in batches:
@@ -154,7 +155,9 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
             out.write_all(records)
             bar.update(len(missing))
             failed += sum(not r["parse_ok"] for r in records)
-            bar.set_postfix(parse_failed=failed)
+            tokens += sum(r["completion_tokens"] for r in records)
+            bar.set_postfix(parse_failed=failed,
+                            tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
     judgements = read_records(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")

@@ -177,3 +177,26 @@ def test_two_shards_merged_equal_one_run(reference_run: Path, tmp_path: Path) ->
     again = run_wim(["merge", str(shards[0]), str(shards[0]), "--out", str(tmp_path / "bad")],
                     check=False)
     assert again.returncode == 2 and "same shard" in again.stderr
+
+
+@pytest.mark.slow
+def test_exported_pairs_go_into_dpo_trainer_as_they_are(finished_run: Path, tmp_path: Path) -> None:
+    from datasets import load_dataset, load_from_disk
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    from wim.backends import load_causal_lm
+
+    pairs = load_dataset("json", data_files=str(finished_run / "pairs.jsonl"), split="train")
+    saved = load_from_disk(str(finished_run / "pairs"))
+    assert saved.to_list() == pairs.to_list()
+    assert {"prompt", "chosen", "rejected", "chosen_critique", "rejected_score"} <= set(
+        pairs.column_names)
+    model, tokenizer = load_causal_lm("bundled:smollm2-135m-instruct")
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2,
+                     use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+                     activation_checkpointing=False, max_length=96)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer,
+                         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                task_type="CAUSAL_LM"))
+    assert trainer.train().global_step == 1
