@@ -108,6 +108,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
     bar.close()
     stats = _token_stats(read_records(run.samples), "generate", "policy")
     stats.update({"generate/failed": failed, "time/generate": time.perf_counter() - start})
+    stats.update(_backend_stats(backend, "policy"))
     _write_stats(run, "generate", stats)
     return stats
 
@@ -162,8 +163,15 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     judgements = read_records(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")
     stats["time/judge"] = time.perf_counter() - start
+    stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
     _write_stats(run, "judge", stats)
     return stats
+
+
+def _backend_stats(backend, role: str) -> dict[str, int]:
+    """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...)."""
+    counts = getattr(backend, "stats", None) or {}
+    return {f"http/{role}/{k}": v for k, v in counts.items()}
 
 
 def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:

@@ -31,6 +31,7 @@ def test_http_judge_run_never_writes_the_api_key(server_url: str, tmp_path: Path
     assert all(j["raw_judge_text"] or not j["parse_ok"] for j in judgements)
     report = json.loads((out / "report.json").read_text())
     assert report["tokens/judge/in"] > 0
+    assert report["http/judge/requests"] >= 8 and report["http/judge/failures"] == 0
     leaked = [p for p in out.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
     assert key not in proc.stdout + proc.stderr

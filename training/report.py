@@ -119,7 +119,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
             deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
             lines.append(f"| {d} | " + " | ".join(ties + deltas) + " |")
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
-    for key in sorted(k for k in r if k.startswith(("tokens/", "time/"))):
+    for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
         lines.append(f"| {key} | {_fmt(r[key])} |")
     if "train/steps" in r:
         lines += ["", "## Training (TRL DPO, LoRA)", "",
