@@ -52,3 +52,12 @@ def test_yaml_snippets_are_valid_config() -> None:
         snippet = yaml.safe_load(block)
         merged = {**base, **{k: {**base.get(k, {}), **v} for k, v in snippet.items()}}
         config_from_dict(merged, source="README.md")
+
+
+def test_every_shipped_config_loads() -> None:
+    from wim.config import load_config
+
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    assert len(configs) >= 3
+    for path in configs:
+        load_config(path)
