@@ -200,3 +200,20 @@ def test_exported_pairs_go_into_dpo_trainer_as_they_are(finished_run: Path, tmp_
                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                 task_type="CAUSAL_LM"))
     assert trainer.train().global_step == 1
+
+
+@pytest.mark.slow
+def test_numeric_baseline_run(tmp_path: Path) -> None:
+    out = tmp_path / "numeric"
+    run_wim(["run", str(ROOT / "configs" / "numeric_baseline.yaml"), "--out", str(out),
+             "--skip-train", "--no-progress", *sets(SHRUNK)])
+    judgements = read_records(out / "judgements.jsonl")
+    assert len(judgements) == 8
+    assert all(j["critique"] is None for j in judgements)
+    # Rating only: a handful of tokens per judgement, not a critique.
+    assert all(j["completion_tokens"] <= 4 * j["attempts"] for j in judgements)
+    report = json.loads((out / "report.json").read_text())
+    assert "pairs/tie_rate/numeric" in report and "pairs/tie_rate/wim" not in report
+    # Asking for a WIM mix of rating-only judgements is refused with a clear message.
+    proc = run_wim(["score", str(out), "--set", "scoring.zeta=0.4"], check=False)
+    assert proc.returncode == 2 and "scoring.zeta=0" in proc.stderr
