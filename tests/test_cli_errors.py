@@ -61,3 +61,13 @@ def test_existing_run_with_other_config_is_refused(tmp_path: Path) -> None:
 def test_stage_on_a_folder_without_a_run(tmp_path: Path) -> None:
     err = _fails(["score", str(tmp_path)])
     assert "no resolved_config.yaml" in err
+
+
+def test_unknown_models_get_a_clear_error(tmp_path: Path) -> None:
+    err = _fails(["generate", str(QUICKSTART), "--out", str(tmp_path / "a"),
+                  "--set", f"policy.model={tmp_path / 'no-such-model'}",
+                  "--set", "prompts.limit=2"])
+    assert "could not load model" in err and "no-such-model" in err
+    err = _fails(["run", str(QUICKSTART), "--out", str(tmp_path / "b"),
+                  "--set", "policy.model=bundled:gpt-5"])
+    assert "bundled:gpt-5" in err

@@ -189,11 +189,14 @@ def load_causal_lm(name: str):
     """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from wim.models import resolve_causal_lm
+    from wim.models import model_load_error, resolve_causal_lm
 
     path = resolve_causal_lm(name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise model_load_error(name, err) from None
     model.eval()
     return model, tokenizer
 

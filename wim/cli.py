@@ -137,6 +137,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise
         # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
         raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
+    run.save_config(cfg, str(shard) if shard else None)
     if "report" in stages:
         print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",

@@ -20,11 +20,14 @@ class Embedder:
     def __init__(self, name: str, batch_size: int = 64) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from wim.models import resolve_embedder
+        from wim.models import model_load_error, resolve_embedder
 
         self.name = name
         self.batch_size = batch_size
-        self.model = SentenceTransformer(resolve_embedder(name), device="cpu")
+        try:
+            self.model = SentenceTransformer(resolve_embedder(name), device="cpu")
+        except (OSError, ValueError) as err:
+            raise model_load_error(name, err) from None
         self._cache: dict[str, np.ndarray] = {}
         self.texts_embedded = 0
 

@@ -26,6 +26,16 @@ class ModelNotFoundError(RuntimeError):
     pass
 
 
+def model_load_error(name: str, err: Exception) -> ModelNotFoundError:
+    """One paragraph for a model that would not load, instead of a library traceback."""
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ModelNotFoundError(
+        f"could not load model '{name}': {reason[:300]}. Use a bundled model "
+        f"({BUNDLED_POLICY}, {BUNDLED_EMBEDDER}), a local folder, or a hub id on a machine "
+        "that can reach the hub."
+    )
+
+
 def cache_dir() -> Path:
     """The folder for converted models: `$WIM_CACHE`, else the user's cache dir."""
     root = os.environ.get("WIM_CACHE") or os.path.join(

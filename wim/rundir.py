@@ -91,7 +91,10 @@ class RunDir:
                     f"{self.config_file}."
                 )
         self.path.mkdir(parents=True, exist_ok=True)
-        self.save_config(cfg, shard)
+        if meta is None:
+            self.save_config(cfg, shard)
+        # An existing run keeps its saved config until the new stages succeed (the caller then
+        # saves it), so a failed re-score never leaves a config that does not match the files.
 
     def save_config(self, cfg: Config, shard: str | None = None) -> None:
         meta = {

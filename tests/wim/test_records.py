@@ -221,6 +221,9 @@ def test_claim_accepts_a_zeta_change(tmp_path):
     samples = run.samples.read_bytes()
     new = _config(["scoring.zeta=1", "dpo.max_steps=3", "pairs.tie_policy=first"])
     run.claim(new)
+    # The saved config changes only once the new stages succeed (the CLI then saves it).
+    assert run.load_config() == _config()
+    run.save_config(new)
     assert run.load_config() == new
     assert run.load_config().scoring.zeta == 1.0
     assert run.samples.read_bytes() == samples
