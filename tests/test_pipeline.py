@@ -217,3 +217,21 @@ def test_numeric_baseline_run(tmp_path: Path) -> None:
     # Asking for a WIM mix of rating-only judgements is refused with a clear message.
     proc = run_wim(["score", str(out), "--set", "scoring.zeta=0.4"], check=False)
     assert proc.returncode == 2 and "scoring.zeta=0" in proc.stderr
+
+
+@pytest.mark.slow
+def test_report_metrics_go_to_wandb_when_enabled(finished_run: Path, tmp_path: Path,
+                                                 monkeypatch) -> None:
+    import shutil
+
+    run = tmp_path / "wandb-run"
+    shutil.copytree(finished_run, run)
+    # Offline mode: wandb writes its run files locally, exactly as it would before a sync.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_wim(["report", str(run), "--set", "wandb.enabled=true"])
+    [log] = list((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
+    data = log.read_bytes()
+    for key in (b"pairs/tie_rate/wim", b"pairs/tie_rate/numeric", b"judge/parse_fail_rate"):
+        assert key in data
