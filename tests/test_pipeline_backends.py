@@ -1,4 +1,5 @@
-"""A run whose external judge is a real OpenAI-compatible server on 127.0.0.1."""
+"""Runs on the other backends: an external judge on a real OpenAI-compatible server on
+127.0.0.1, and llama.cpp as policy and judge."""
 
 from __future__ import annotations
 
@@ -35,3 +36,19 @@ def test_http_judge_run_never_writes_the_api_key(server_url: str, tmp_path: Path
     leaked = [p for p in out.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
     assert key not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_llama_cpp_policy_and_judge_run(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
+    out = tmp_path / "llama"
+    run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+             *sets([*SHRUNK, "policy.backend=llama_cpp"])])
+    samples = read_records(out / "samples.jsonl")
+    judgements = read_records(out / "judgements.jsonl")
+    assert len(samples) == len(judgements) == 8
+    # llama.cpp cannot use the guided format, so the judge runs in two prefilled steps.
+    assert all(j["raw_judge_text"].startswith("Missing:") for j in judgements)
+    assert all("\nRating:" in j["raw_judge_text"] for j in judgements)
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens/policy/out"] == sum(s["completion_tokens"] for s in samples)
