@@ -47,7 +47,7 @@ def quickstart() -> Path:
     return QUICKSTART
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -65,7 +65,7 @@ def server_url(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
     from wim.models import bundled_gguf_path
 
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path()),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]

@@ -42,6 +42,12 @@ class SamplingParams:
     this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
 
 
+def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
+    """The seed of one sample, so that a text does not depend on what else was in the call
+    (non-negative 32-bit, which llama.cpp and servers accept)."""
+    return (seed + 1000 * conv_index + sample_index) % 2**31
+
+
 class Backend(ABC):
     """Generates chat completions."""
 

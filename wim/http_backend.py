@@ -19,17 +19,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from wim.backends import Backend, Completion, Conversation, SamplingParams
+from wim.backends import Backend, Completion, Conversation, SamplingParams, sample_seed
 
 logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0  # one wait never exceeds this, whatever the attempt number
 _BODY_SNIPPET = 120  # characters of an error body kept in the error message
-
-
-def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
-    """The seed of one request, so that a text does not depend on what else was in the call."""
-    return seed + 1000 * conv_index + sample_index
 
 
 @dataclass(frozen=True)

@@ -117,42 +117,37 @@ class BackendJudge(Judge):
         ]
         self.calls += 1
         if not self.backend.supports_prefill:
-            params = SamplingParams(self.max_new_tokens, temperature, 1.0)
-            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed)]
-            return [(o.text, _error(o), o.prompt_tokens, o.completion_tokens) for o in outs]
-        if self.mode == "numeric":
-            params = SamplingParams(4, temperature, 1.0, stop=("\n",))
-            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed,
-                                                         prefill=RATING_PREFILL)]
-            return [(RATING_PREFILL + o.text, _error(o), o.prompt_tokens, o.completion_tokens)
-                    for o in outs]
-        if self.backend.supports_guide:
+            params, head = SamplingParams(self.max_new_tokens, temperature, 1.0), ""
+        elif self.mode == "numeric":
+            params, head = SamplingParams(4, temperature, 1.0, stop=("\n",)), RATING_PREFILL
+        elif self.backend.supports_guide:
+            # One call writes "Missing: <line>\nRating: <value>" (see wim/guided.py).
             params = SamplingParams(self.max_new_tokens, temperature, 1.0,
                                     guide_label=RATING_PREFILL)
-            outs = [c[0] for c in self.backend.generate(convs, params, seed=seed,
-                                                         prefill=MISSING_PREFILL)]
-            return [(MISSING_PREFILL + o.text, _error(o), o.prompt_tokens, o.completion_tokens)
-                    for o in outs]
-        return self._ask_in_two_steps(convs, temperature, seed)
+            head = MISSING_PREFILL
+        else:
+            return self._ask_in_two_steps(convs, temperature, seed)
+        outs = self._generate(convs, params, seed, head or None)
+        return [(head + o.text, _error(o), o.prompt_tokens, o.completion_tokens) for o in outs]
 
     def _ask_in_two_steps(self, convs, temperature: float, seed: int):
         critique_params = SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("Rating",))
-        critiques: list[Completion] = [
-            c[0] for c in self.backend.generate(convs, critique_params, seed=seed,
-                                                prefill=MISSING_PREFILL)
-        ]
-        rating_params = SamplingParams(4, temperature, 1.0, stop=("\n",))
-        out = []
+        critiques = self._generate(convs, critique_params, seed, MISSING_PREFILL)
         heads = [MISSING_PREFILL + c.text.rstrip() + "\n" + RATING_PREFILL for c in critiques]
-        ratings = self._continue_each(convs, heads, rating_params, seed)
-        for head, crit, rate in zip(heads, critiques, ratings, strict=True):
-            error = _error(crit) or _error(rate)
-            out.append((head + rate.text, error, crit.prompt_tokens + rate.prompt_tokens,
-                        crit.completion_tokens + rate.completion_tokens))
-        return out
+        rating_params = SamplingParams(4, temperature, 1.0, stop=("\n",))
+        ratings = self._generate(convs, rating_params, seed, heads)
+        return [
+            (head + rate.text, _error(crit) or _error(rate),
+             crit.prompt_tokens + rate.prompt_tokens,
+             crit.completion_tokens + rate.completion_tokens)
+            for head, crit, rate in zip(heads, critiques, ratings, strict=True)
+        ]
 
-    def _continue_each(self, convs, heads, params, seed) -> list[Completion]:
-        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=heads)]
+    def _generate(self, convs, params: SamplingParams, seed: int,
+                  prefill: str | list[str] | None) -> list[Completion]:
+        """One completion per conversation."""
+        outs = self.backend.generate(convs, params, seed=seed, prefill=prefill)
+        return [c[0] for c in outs]
 
 
 def _error(completion: Completion) -> str | None:

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from wim.backends import Backend, Completion, Conversation, SamplingParams
+from wim.backends import Backend, Completion, Conversation, SamplingParams, sample_seed
 from wim.models import BUNDLED_POLICY, bundled_gguf_path
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,6 @@ def resolve_gguf(name: str) -> Path:
         f"the llama_cpp backend needs a GGUF file: got '{name}'. Pass a path ending in .gguf "
         f"or '{BUNDLED_POLICY}' (a transformers folder or hub id needs the transformers backend)"
     )
-
-
-def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
-    """The seed of one sample; llama.cpp takes a non-negative 32-bit seed."""
-    return (seed + 1000 * conv_index + sample_index) % 2**31
 
 
 class LlamaCppBackend(Backend):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from conftest import free_port
 
 from wim.backends import SamplingParams
 from wim.http_backend import HTTPBackend
@@ -35,12 +35,6 @@ CANNED = {
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "canned"}}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # `server_url` (a real llama-cpp-python server on 127.0.0.1) comes from tests/conftest.py.
@@ -254,7 +248,7 @@ def test_api_key_never_leaks(monkeypatch, caplog, proxies):
     monkeypatch.setenv("WIM_API_KEY", secret)
     caplog.set_level(logging.DEBUG)  # httpx and httpcore log at DEBUG too
     echo = proxies(lambda i: "echo401")
-    refused = f"http://127.0.0.1:{_free_port()}/v1"
+    refused = f"http://127.0.0.1:{free_port()}/v1"
     backend = _backend([echo.url, refused], max_retries=1)
     results = backend.generate(CONVS, PARAMS, n=1)
     assert echo.auth_headers[0] == f"Bearer {secret}"  # the key is sent...
