@@ -71,3 +71,10 @@ def test_unknown_models_get_a_clear_error(tmp_path: Path) -> None:
     err = _fails(["run", str(QUICKSTART), "--out", str(tmp_path / "b"),
                   "--set", "policy.model=bundled:gpt-5"])
     assert "bundled:gpt-5" in err
+
+
+def test_train_before_pairs_says_what_to_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    RunDir(out).claim(load_config(QUICKSTART))
+    err = _fails(["train", str(out)])
+    assert "pairs.jsonl" in err and "wim pairs" in err

@@ -88,7 +88,7 @@ def train_dpo(
 
 def _count_pairs(pairs_path: Path) -> int:
     if not pairs_path.is_file():
-        raise FileNotFoundError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
+        raise ValueError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
     with pairs_path.open() as f:
         n = sum(1 for line in f if line.strip())
     if n == 0:
