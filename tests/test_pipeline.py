@@ -185,7 +185,7 @@ def test_exported_pairs_go_into_dpo_trainer_as_they_are(finished_run: Path, tmp_
     from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer
 
-    from wim.backends import load_causal_lm
+    from wim.models import load_causal_lm
 
     pairs = load_dataset("json", data_files=str(finished_run / "pairs.jsonl"), split="train")
     saved = load_from_disk(str(finished_run / "pairs"))

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wim.backends import load_causal_lm
 from wim.config import Config
+from wim.models import load_causal_lm
 
 logger = logging.getLogger(__name__)
 

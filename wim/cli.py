@@ -109,8 +109,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
 
+    from data_gen.pipeline import STAGES, Resources, run_stages
     from data_gen.stages import Shard
-    from training.pipeline import STAGES, Resources, run_stages
     from wim.rundir import RunDir
 
     cfg, out = resolve(args)

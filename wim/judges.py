@@ -121,7 +121,7 @@ class BackendJudge(Judge):
         elif self.mode == "numeric":
             params, head = SamplingParams(4, temperature, 1.0, stop=("\n",)), RATING_PREFILL
         elif self.backend.supports_guide:
-            # One call writes "Missing: <line>\nRating: <value>" (see wim/guided.py).
+            # One call writes "Missing: <line>\nRating: <value>" (see wim/backends/guided.py).
             params = SamplingParams(self.max_new_tokens, temperature, 1.0,
                                     guide_label=RATING_PREFILL)
             head = MISSING_PREFILL

@@ -116,3 +116,17 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+
+
+def load_causal_lm(name: str):
+    """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_causal_lm(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise model_load_error(name, err) from None
+    model.eval()
+    return model, tokenizer

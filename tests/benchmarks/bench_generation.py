@@ -84,7 +84,9 @@ def timed(run: Callable[[], int]) -> tuple[float, int]:
 def naive_loop(model, tokenizer, convs) -> int:
     import torch
 
-    from wim.backends import _count_generated  # the same count as TransformersBackend
+    from wim.backends.transformers_backend import (
+        _count_generated,  # the same count as TransformersBackend
+    )
 
     torch.manual_seed(0)
     tokens = 0
@@ -119,8 +121,8 @@ def main() -> None:
 
     import torch
 
-    from wim.backends import SamplingParams, TransformersBackend, load_causal_lm
-    from wim.models import BUNDLED_POLICY
+    from wim.backends import SamplingParams, TransformersBackend
+    from wim.models import BUNDLED_POLICY, load_causal_lm
 
     torch.set_num_threads(2)
     prompts = load_prompts(8 if args.quick else 32)
@@ -149,7 +151,7 @@ def main() -> None:
             lambda b=backend: backend_run(b, convs, params),
         )
     try:
-        from wim.llama_cpp_backend import LlamaCppBackend
+        from wim.backends.llama_cpp_backend import LlamaCppBackend
 
         llama = LlamaCppBackend.load(BUNDLED_POLICY, n_threads=2)
     except ImportError as exc:

@@ -19,7 +19,7 @@ import pytest
 from conftest import free_port
 
 from wim.backends import SamplingParams
-from wim.http_backend import HTTPBackend
+from wim.backends.http_backend import HTTPBackend
 
 pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (pip install 'wim[llama]')"

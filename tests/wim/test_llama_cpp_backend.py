@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from wim.backends import SamplingParams
-from wim.llama_cpp_backend import LlamaCppBackend, resolve_gguf
+from wim.backends.llama_cpp_backend import LlamaCppBackend, resolve_gguf
 from wim.models import BUNDLED_POLICY
 
 CONVS = [

@@ -1,7 +1,9 @@
 """`wim run`: generate -> judge -> score -> pairs -> train -> report, in one run directory.
 
-Each stage can also run alone (`wim generate`, `wim judge`, ...). The policy model is loaded
-once and shared: the fixed judge is the same weights with any adapter disabled.
+The one place that decides what runs after what. Each stage can also run alone (`wim generate`,
+`wim judge`, ...). The policy model is loaded once and shared: the fixed judge is the same
+weights with any adapter disabled. Training and the report live in `training/` and are imported
+only when their stage runs.
 """
 
 from __future__ import annotations

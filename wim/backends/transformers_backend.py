@@ -1,82 +1,18 @@
-"""Text generation backends: one small interface used for both sampling and judging.
+"""Batched generation with a local transformers causal LM.
 
-- `TransformersBackend`: any causal LM on this machine, batched with left padding, prompts
-  sorted by length, n samples per prompt in one `generate` call.
-- `LlamaCppBackend` (wim/llama_cpp_backend.py): llama-cpp-python, the fast choice on CPU.
-- `HTTPBackend` (wim/http_backend.py): any OpenAI-compatible server (vLLM, SGLang, TGI,
-  llama.cpp server, OpenAI), concurrent, with retries and round-robin base URLs.
-
-A backend never raises for one bad request: it returns a `Completion` with `ok=False` and the
-error, so the caller counts the failure and nothing already done is lost.
+Left padding, prompts sorted by length, n samples per prompt in one `generate` call. The judge
+format guide (guided.py) makes a local judge write critique and rating in one call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+
+from wim.backends.base import Backend, Completion, Conversation, SamplingParams
+from wim.models import load_causal_lm
 
 logger = logging.getLogger(__name__)
-
-Conversation = list[dict[str, str]]  # chat messages: [{"role": ..., "content": ...}, ...]
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ok: bool = True
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 0.8  # 0 means greedy
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    guide_label: str | None = None
-    """Judge format guide (backends with `supports_guide`): after one line of critique, force
-    this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
-
-
-def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
-    """The seed of one sample, so that a text does not depend on what else was in the call
-    (non-negative 32-bit, which llama.cpp and servers accept)."""
-    return (seed + 1000 * conv_index + sample_index) % 2**31
-
-
-class Backend(ABC):
-    """Generates chat completions."""
-
-    name: str = "backend"
-    #: True when the backend can continue a partly written assistant turn (`prefill`).
-    supports_prefill: bool = False
-    #: True when the backend honours `SamplingParams.guide_label`.
-    supports_guide: bool = False
-
-    @abstractmethod
-    def generate(
-        self,
-        conversations: list[Conversation],
-        params: SamplingParams,
-        *,
-        n: int = 1,
-        seed: int = 0,
-        prefill: str | list[str] | None = None,
-    ) -> list[list[Completion]]:
-        """Return `n` completions for each conversation, in input order.
-
-        `seed` makes the call reproducible: the same conversations, params and seed give the
-        same texts. `prefill` is text the assistant turn starts with (one string for all, or
-        one per conversation); the model continues it and the returned text excludes it (only
-        where `supports_prefill`).
-        """
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release servers, threads or memory held by the backend."""
 
 
 class TransformersBackend(Backend):
@@ -147,7 +83,7 @@ class TransformersBackend(Backend):
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         if params.guide_label:
-            from wim.guided import FormatGuide
+            from wim.backends.guided import FormatGuide
 
             guide = FormatGuide(self.tokenizer, enc.input_ids.shape[1], len(texts) * n,
                                 label=params.guide_label,
@@ -189,37 +125,3 @@ def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
         if pos >= 0:
             text = text[:pos]
     return text
-
-
-def load_causal_lm(name: str):
-    """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from wim.models import model_load_error, resolve_causal_lm
-
-    path = resolve_causal_lm(name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise model_load_error(name, err) from None
-    model.eval()
-    return model, tokenizer
-
-
-def open_backend(kind: str, model: str, cfg, batch_size: int = 8) -> Backend:
-    """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config)."""
-    if kind == "transformers":
-        return TransformersBackend.load(model, batch_size=batch_size)
-    if kind == "llama_cpp":
-        from wim.llama_cpp_backend import LlamaCppBackend
-
-        return LlamaCppBackend.load(model)
-    if kind == "http":
-        from wim.http_backend import HTTPBackend
-
-        h = cfg.http
-        return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
-                           concurrency=h.concurrency, timeout_s=h.timeout_s,
-                           max_retries=h.max_retries)
-    raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from wim.backends import Backend, Completion, Conversation, SamplingParams, sample_seed
+from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from wim.backends import Backend, Completion, Conversation, SamplingParams, sample_seed
+from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
 from wim.models import BUNDLED_POLICY, bundled_gguf_path
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,36 @@
+"""Text generation backends: one small interface (base.py) used for both sampling and judging.
+
+- `TransformersBackend` (transformers_backend.py): any causal LM on this machine, batched.
+- `LlamaCppBackend` (llama_cpp_backend.py): llama-cpp-python, the fast choice on CPU.
+- `HTTPBackend` (http_backend.py): any OpenAI-compatible server (vLLM, SGLang, TGI,
+  llama.cpp server, OpenAI), concurrent, with retries and round-robin base URLs.
+
+`open_backend` builds one from config; the llama.cpp and HTTP modules are imported only when
+used, so the optional llama-cpp-python stays optional.
+"""
+
+from __future__ import annotations
+
+from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
+from wim.backends.transformers_backend import TransformersBackend
+
+__all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "TransformersBackend",
+           "open_backend", "sample_seed"]
+
+
+def open_backend(kind: str, model: str, cfg, batch_size: int = 8) -> Backend:
+    """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config)."""
+    if kind == "transformers":
+        return TransformersBackend.load(model, batch_size=batch_size)
+    if kind == "llama_cpp":
+        from wim.backends.llama_cpp_backend import LlamaCppBackend
+
+        return LlamaCppBackend.load(model)
+    if kind == "http":
+        from wim.backends.http_backend import HTTPBackend
+
+        h = cfg.http
+        return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
+                           concurrency=h.concurrency, timeout_s=h.timeout_s,
+                           max_retries=h.max_retries)
+    raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")

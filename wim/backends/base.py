@@ -1,0 +1,69 @@
+"""The backend interface: one small API used for both sampling and judging.
+
+A backend never raises for one bad request: it returns a `Completion` with `ok=False` and the
+error, so the caller counts the failure and nothing already done is lost.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+Conversation = list[dict[str, str]]  # chat messages: [{"role": ..., "content": ...}, ...]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ok: bool = True
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.8  # 0 means greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    guide_label: str | None = None
+    """Judge format guide (backends with `supports_guide`): after one line of critique, force
+    this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
+
+
+def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
+    """The seed of one sample, so that a text does not depend on what else was in the call
+    (non-negative 32-bit, which llama.cpp and servers accept)."""
+    return (seed + 1000 * conv_index + sample_index) % 2**31
+
+
+class Backend(ABC):
+    """Generates chat completions."""
+
+    name: str = "backend"
+    #: True when the backend can continue a partly written assistant turn (`prefill`).
+    supports_prefill: bool = False
+    #: True when the backend honours `SamplingParams.guide_label`.
+    supports_guide: bool = False
+
+    @abstractmethod
+    def generate(
+        self,
+        conversations: list[Conversation],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        seed: int = 0,
+        prefill: str | list[str] | None = None,
+    ) -> list[list[Completion]]:
+        """Return `n` completions for each conversation, in input order.
+
+        `seed` makes the call reproducible: the same conversations, params and seed give the
+        same texts. `prefill` is text the assistant turn starts with (one string for all, or
+        one per conversation); the model continues it and the returned text excludes it (only
+        where `supports_prefill`).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release servers, threads or memory held by the backend."""
