@@ -22,7 +22,7 @@ from wim.backends import Backend, SamplingParams
 from wim.config import Config
 from wim.judges import Judge
 from wim.prompts import Prompt
-from wim.records import JsonlAppender, index_by_key, read_records, write_records_atomic
+from wim.records import JsonlAppender, index_by_key, read_keyed, write_records_atomic
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
     k = cfg.generation.k
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)
-    done = index_by_key(read_records(run.samples))
+    done = index_by_key(read_keyed(run.samples))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, new_tokens, failed = time.perf_counter(), 0, 0
     bar = _bar(sum(len(b) for _, b in batches) * k, "generate", progress)
@@ -106,7 +106,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
             bar.update(len(missing))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = _token_stats(read_records(run.samples), "generate", "policy")
+    stats = _token_stats(read_keyed(run.samples), "generate", "policy")
     stats.update({"generate/failed": failed, "time/generate": time.perf_counter() - start})
     stats.update(_backend_stats(backend, "policy"))
     _write_stats(run, "generate", stats)
@@ -135,8 +135,8 @@ def _token_stats(records: list[dict], stage: str, role: str) -> dict[str, Any]:
 def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
                   shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
     """Judge every sample into judgements.jsonl, one generation batch at a time."""
-    samples = index_by_key(read_records(run.samples))
-    done = index_by_key(read_records(run.judgements))
+    samples = index_by_key(run.require("samples.jsonl", "wim generate"))
+    done = index_by_key(read_keyed(run.judgements))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
     tokens = 0
@@ -160,7 +160,7 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
             bar.set_postfix(parse_failed=failed,
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    judgements = read_records(run.judgements)
+    judgements = read_keyed(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")
     stats["time/judge"] = time.perf_counter() - start
     stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
@@ -191,7 +191,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
     from wim.scoring import score_judgements
 
     start = time.perf_counter()
-    judgements = read_records(run.judgements)
+    judgements = run.require("judgements.jsonl", "wim judge")
     needs_embedder = any(j["parse_ok"] and j.get("critique") for j in judgements)
     if embedder is None and needs_embedder:
         embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size)
@@ -208,7 +208,8 @@ def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[st
     from wim.pairs import build_pairs
 
     start = time.perf_counter()
-    rows, counts = build_pairs(read_records(run.scores), cfg.pairs, seed=cfg.seed)
+    scores = run.require("scores.jsonl", "wim score")
+    rows, counts = build_pairs(scores, cfg.pairs, seed=cfg.seed)
     write_records_atomic(run.pairs, rows)
     if save_dataset and rows:
         _save_dataset(cfg, run.pairs, run.file("pairs"))

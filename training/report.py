@@ -9,7 +9,7 @@ from typing import Any
 
 from wim.config import Config
 from wim.metrics import judge_statistics, pair_statistics, system_values
-from wim.records import read_records
+from wim.records import read_keyed
 from wim.rundir import RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
@@ -29,8 +29,8 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
         path = stats / f"{stage}.json"
         if path.exists():
             report.update(json.loads(path.read_text()))
-    judgements = read_records(run.judgements)
-    scores = read_records(run.scores)
+    judgements = read_keyed(run.judgements)
+    scores = run.require("scores.jsonl", "wim score")
     report.update(judge_statistics(judgements))
     report.update(pair_statistics(scores, cfg.scoring.zeta, cfg.scoring.report_zetas,
                                   cfg.pairs.tie_tolerance))
@@ -132,7 +132,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
 
 
 def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:
-    scores = [r for r in read_records(run.scores) if r.get("rating_norm") is not None]
+    scores = [r for r in read_keyed(run.scores) if r.get("rating_norm") is not None]
     if not scores:
         return []
     import matplotlib

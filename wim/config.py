@@ -65,6 +65,9 @@ class HTTPConfig:
     timeout_s: float = 60.0
     max_retries: int = 4
     """Retries with exponential backoff on timeouts, 429 and 5xx."""
+    context_tokens: int | None = None
+    """The server model's context length, if known. Without a tokenizer, a prompt's length is
+    estimated as characters / 3 (on the safe side); null: no check, the server decides."""
 
 
 @dataclass
