@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from wim.config import Config
-from wim.metrics import judge_statistics, pair_statistics, system_values
+from wim.metrics import domain_name, judge_statistics, pair_statistics, system_values
 from wim.records import read_keyed
 from wim.rundir import RunDir
 
@@ -57,6 +57,14 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     return clean
 
 
+def md_cell(text: Any) -> str:
+    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
+    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+
+
 def _fmt(value: Any, pct: bool = False) -> str:
     if value is None:
         return "n/a"
@@ -72,7 +80,8 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
     lines = [
         "# WIM run report",
         "",
-        f"Policy `{r['policy/model']}`; judge `{r['judge/model']}` (role {r['judge/role']}, "
+        f"Policy {md_cell(r['policy/model'])}; judge {md_cell(r['judge/model'])} "
+        f"(role {r['judge/role']}, "
         f"mode {r['judge/mode']}); embedder `{r['score/embedder']}`.",
         "",
     ]
@@ -107,6 +116,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
             lines.append(f"| {z:g} | {_fmt(r[f'zeta/{z:g}/tie_rate'], True)} | "
                          f"{_fmt(r[f'zeta/{z:g}/delta'])} | "
                          f"{_fmt(r.get(f'zeta/{z:g}/agreement'), True)} |")
+    # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
         names = [s for s, _ in systems]
@@ -117,7 +127,8 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         for d in domains:
             ties = [_fmt(r.get(f"domain/{d}/tie_rate/{s}"), True) for s in names]
             deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
-            lines.append(f"| {d} | " + " | ".join(ties + deltas) + " |")
+            lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
+                         + " | ".join(ties + deltas) + " |")
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
         lines.append(f"| {key} | {_fmt(r[key])} |")
