@@ -96,7 +96,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
                 for j, c in enumerate(completions):
                     if (p.id, j) in done:
                         continue
-                    if not c.ok:
+                    if not c.ok:  # not recorded: the same command run again retries it
                         failed += 1
                         logger.warning("sample %s/%d failed: %s", p.id, j, c.error)
                         continue
@@ -107,7 +107,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
     stats = _token_stats(read_keyed(run.samples), "generate", "policy")
-    stats.update({"generate/failed": failed, "time/generate": time.perf_counter() - start})
+    stats.update({"generate/backend_failed": failed, "time/generate": time.perf_counter() - start})
     stats.update(_backend_stats(backend, "policy"))
     _write_stats(run, "generate", stats)
     return stats
@@ -136,10 +136,10 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
                   shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
     """Judge every sample into judgements.jsonl, one generation batch at a time."""
     samples = index_by_key(run.require("samples.jsonl", "wim generate"))
-    done = index_by_key(read_keyed(run.judgements))
+    done = index_by_key(_final_judgements(run))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
-    tokens = 0
+    tokens, lost = 0, 0
     bar = _bar(len(samples), "judge", progress)
     with JsonlAppender(run.judgements) as out:
         for b, batch in batches:
@@ -151,21 +151,38 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
                 continue
             items = [(samples[key]["prompt"], samples[key]["response"]) for key in keys]
             results = judge.judge(items, seed=batch_seed(cfg.seed, "judge", b))
-            records = [_judgement_record(samples[key], judge, res)
-                       for key, res in zip(keys, results, strict=True) if key not in done]
+            new = [(key, res) for key, res in zip(keys, results, strict=True) if key not in done]
+            # A backend failure is no verdict: left out, so the next run judges it again.
+            lost += sum(res.backend_failed for _, res in new)
+            records = [_judgement_record(samples[key], judge, res) for key, res in new
+                       if not res.backend_failed]
             out.write_all(records)
             bar.update(len(missing))
             failed += sum(not r["parse_ok"] for r in records)
             tokens += sum(r["completion_tokens"] for r in records)
-            bar.set_postfix(parse_failed=failed,
+            bar.set_postfix(parse_failed=failed, backend_failed=lost,
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
     judgements = read_keyed(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")
-    stats["time/judge"] = time.perf_counter() - start
+    stats.update({"judge/parse_failed": sum(not r["parse_ok"] for r in judgements),
+                  "judge/backend_failed": lost, "time/judge": time.perf_counter() - start})
     stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
     _write_stats(run, "judge", stats)
     return stats
+
+
+def _final_judgements(run: RunDir) -> list[dict[str, Any]]:
+    """The judgements to keep. Older versions recorded backend failures as parse failures;
+    those are dropped from the file (rewritten whole) so that they are judged again."""
+    records = read_keyed(run.judgements)
+    final = [r for r in records
+             if r["parse_ok"] or not str(r.get("parse_error") or "").startswith("backend failed")]
+    if len(final) < len(records):
+        logger.info("%d judgements lost to backend failures will be judged again",
+                    len(records) - len(final))
+        write_records_atomic(run.judgements, final)
+    return final
 
 
 def _backend_stats(backend, role: str) -> dict[str, int]:
@@ -192,7 +209,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
 
     start = time.perf_counter()
     judgements = run.require("judgements.jsonl", "wim judge")
-    needs_embedder = any(j["parse_ok"] and j.get("critique") for j in judgements)
+    needs_embedder = any(j["parse_ok"] and j.get("critique") is not None for j in judgements)
     if embedder is None and needs_embedder:
         embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size)
     scored = score_judgements(judgements, embedder, cfg.scoring.zeta)

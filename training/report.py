@@ -24,11 +24,12 @@ SMALL_JUDGE_NOTE = (
 
 def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    stats = run.file("stats")
     for stage in ("generate", "judge", "score", "pairs", "train"):
-        path = stats / f"{stage}.json"
+        path = run.file("stats") / f"{stage}.json"
         if path.exists():
-            report.update(json.loads(path.read_text()))
+            stats = json.loads(path.read_text())
+            stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
+            report.update(stats)
     judgements = read_keyed(run.judgements)
     scores = run.require("scores.jsonl", "wim score")
     report.update(judge_statistics(judgements))
@@ -89,7 +90,9 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     lines += [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking. "
+        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking"
+        f"; {r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
+        "next run). "
         f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
         f"{r.get('pairs/ties_dropped', 0)}/"
         f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",

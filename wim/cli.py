@@ -126,7 +126,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
 
-    from data_gen.pipeline import STAGES, Resources, run_stages
+    from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
     from data_gen.stages import Shard
     from wim.rundir import RunDir
 
@@ -150,16 +150,27 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
                                 resources=resources)
+        except StageIncomplete as err:
+            # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
+            run.save_config(cfg, str(shard) if shard else None)
+            print(json.dumps({k: v for k, v in err.stats.items() if not isinstance(v, dict)},
+                             indent=2))
+            print(f"wim: incomplete: {err}", file=sys.stderr)
+            return 3
         except ValueError as err:
             if args.verbose or _is_user_error(err):
                 raise
             # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
             raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
         run.save_config(cfg, str(shard) if shard else None)
+    if result.get("run/skipped_stages"):
+        print(f"wim: skipped (config and inputs unchanged since they finished): "
+              f"{', '.join(result['run/skipped_stages'])}", file=sys.stderr)
     if "report" in stages:
         print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
-                "judge/parse_fail_rate", "train/loss_first", "train/loss_last")
+                "judge/parse_fail_rate", "judge/backend_failed", "train/loss_first",
+                "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))

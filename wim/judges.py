@@ -37,13 +37,18 @@ class Judgement:
     attempts: int
     prompt_tokens: int
     completion_tokens: int
+    backend_failed: bool = False
+    """The backend failed (timeout, 5xx, connection, ...): no verdict at all. Not a result to
+    record; the stage leaves it out so that running the same command again retries it."""
 
 
 class Judge(ABC):
     """Judges a batch of (prompt, response) pairs.
 
     Returns one `Judgement` per item, in input order. Output that fails to parse is retried
-    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`.
+    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`. A
+    backend failure is not retried here (the backend has its own retries) and comes back with
+    `backend_failed=True`.
     """
 
     role: str = "external"
@@ -100,8 +105,9 @@ class BackendJudge(Judge):
                     attempts=attempt + 1,
                     prompt_tokens=spent[i][0],
                     completion_tokens=spent[i][1],
+                    backend_failed=error is not None,
                 )
-                if not ok:
+                if parsed is not None and not ok:  # only a parse failure is asked again
                     still_failing.append(i)
             todo = still_failing
             if not todo:

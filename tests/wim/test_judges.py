@@ -58,10 +58,15 @@ def test_only_failures_are_asked_again() -> None:
     assert [r.attempts for r in results] == [1, 2]
 
 
-def test_backend_failure_is_a_counted_failure_not_a_score() -> None:
-    [result] = _judge(ScriptedBackend([], ok=False), max_retries=1).judge([("q", "a")])
+def test_backend_failure_is_marked_as_such_not_a_score() -> None:
+    backend = ScriptedBackend([], ok=False)
+    [result] = _judge(backend, max_retries=1).judge([("q", "a")])
     assert not result.parse_ok and result.rating is None
+    assert result.backend_failed and result.attempts == 1
+    assert backend.seen_temperatures == [0.0]  # not re-asked as if it were a parse failure
     assert "backend failed" in result.error and "500" in result.error
+    [parsed] = _judge(ScriptedBackend(["nope"]), max_retries=0).judge([("q", "a")])
+    assert not parsed.parse_ok and not parsed.backend_failed
 
 
 def test_numeric_mode_needs_no_critique() -> None:
