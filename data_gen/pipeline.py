@@ -125,7 +125,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                 stats = _report(run) if stage == "report" else {**stats, **done}
                 continue
             logger.info("stage %s", stage)
-            out = _run_stage(stage, cfg, run, res, shard, progress)
+            out = _run_stage(stage, cfg, run, res, shard, progress, fingerprint)
             stats = out if stage == "report" else {**stats, **out}
             lost = out.get(f"{stage}/backend_failed", 0)
             if lost:
@@ -138,7 +138,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
 
 
 def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shard | None,
-               progress: bool) -> dict[str, Any]:
+               progress: bool, fingerprint: str) -> dict[str, Any]:
     if stage == "generate":
         return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
     if stage == "judge":
@@ -148,7 +148,7 @@ def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shar
     if stage == "pairs":
         return export_pairs(cfg, run)
     if stage == "train":
-        return train_run(cfg, run, progress)
+        return train_run(cfg, run, progress, resume_key=fingerprint)
     from training.report import write_report
 
     return write_report(cfg, run)
@@ -160,14 +160,16 @@ def _report(run: RunDir) -> dict[str, Any]:
     return json.loads(run.file("report.json").read_text())
 
 
-def train_run(cfg: Config, run: RunDir, progress: bool = True) -> dict[str, Any]:
+def train_run(cfg: Config, run: RunDir, progress: bool = True,
+              resume_key: str | None = None) -> dict[str, Any]:
     import json
     import time
 
     from training.dpo import train_dpo
 
     start = time.perf_counter()
-    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress)
+    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress,
+                        resume_key=resume_key)
     metrics["time/train"] = time.perf_counter() - start
     (run.file("stats")).mkdir(exist_ok=True)
     (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))

@@ -137,6 +137,9 @@ class DPOSection:
     gradient_accumulation_steps: int = 1
     max_length: int = 256
     logging_steps: int = 1
+    save_steps: int = 25
+    """Save a checkpoint every this many steps (and at the end), so that a killed training
+    resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -222,6 +225,10 @@ def validate(cfg: Config, source: str = "config") -> None:
     for key, value in positive.items():
         if value <= 0:
             fail(key, "be positive", value)
+    if cfg.dpo.save_steps < 0:
+        fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
+    if cfg.http.context_tokens is not None and cfg.http.context_tokens <= 0:
+        fail("http.context_tokens", "be positive or null", cfg.http.context_tokens)
     if cfg.dpo.learning_rate <= 0:
         fail("dpo.learning_rate", "be positive", cfg.dpo.learning_rate)
     if cfg.generation.temperature < 0:
