@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from wim.backends import Backend, SamplingParams
 from wim.config import Config
+from wim.context import fit_messages, token_budget
 from wim.judges import Judge
 from wim.prompts import Prompt
 from wim.records import JsonlAppender, index_by_key, read_keyed, write_records_atomic
@@ -73,26 +74,32 @@ def _bar(total: int, desc: str, progress: bool):
 
 def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: Backend,
                      shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Sample k responses per prompt into samples.jsonl, skipping batches already done."""
+    """Sample k responses per prompt into samples.jsonl, skipping batches already done.
+
+    A prompt longer than the context is cut or skipped (generation.overlong, wim/context.py)
+    before batching; a failed sample is not recorded, so running again retries it.
+    """
     k = cfg.generation.k
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)
     done = index_by_key(read_keyed(run.samples))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    fits = _fit_prompts(cfg, [p for _, batch in batches for p in batch], backend)
     start, new_tokens, failed = time.perf_counter(), 0, 0
     bar = _bar(sum(len(b) for _, b in batches) * k, "generate", progress)
     with JsonlAppender(run.samples) as out:
         for b, batch in batches:
-            missing = [(p, j) for p in batch for j in range(k) if (p.id, j) not in done]
+            live = [p for p in batch if fits[p.id][0] is not None]
+            missing = [(p, j) for p in live for j in range(k) if (p.id, j) not in done]
             bar.update(len(batch) * k - len(missing))
             if not missing:
                 continue
             # The whole batch is regenerated with its own seed, so the samples are identical
             # to an uninterrupted run; only the missing ones are written.
-            outs = backend.generate([list(p.messages) for p in batch], params, n=k,
+            outs = backend.generate([fits[p.id][0] for p in live], params, n=k,
                                     seed=batch_seed(cfg.seed, "generate", b))
             records = []
-            for p, completions in zip(batch, outs, strict=True):
+            for p, completions in zip(live, outs, strict=True):
                 for j, c in enumerate(completions):
                     if (p.id, j) in done:
                         continue
@@ -100,26 +107,49 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
                         failed += 1
                         logger.warning("sample %s/%d failed: %s", p.id, j, c.error)
                         continue
-                    records.append(_sample_record(cfg, p, j, c))
+                    records.append(_sample_record(cfg, p, j, c, truncated=fits[p.id][1]))
                     new_tokens += c.completion_tokens
             out.write_all(records)
             bar.update(len(missing))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = _token_stats(read_keyed(run.samples), "generate", "policy")
-    stats.update({"generate/backend_failed": failed, "time/generate": time.perf_counter() - start})
+    samples = read_keyed(run.samples)
+    stats = _token_stats(samples, "generate", "policy")
+    stats.update({
+        "generate/backend_failed": failed,
+        "generate/truncated": sum(truncated for _, truncated in fits.values()),
+        "generate/skipped_overlong": sum(msgs is None for msgs, _ in fits.values()),
+        "generate/empty": sum(not r["response"].strip() for r in samples),
+        "time/generate": time.perf_counter() - start,
+    })
     stats.update(_backend_stats(backend, "policy"))
     _write_stats(run, "generate", stats)
     return stats
 
 
-def _sample_record(cfg: Config, prompt: Prompt, j: int, c) -> dict[str, Any]:
-    return {
+def _fit_prompts(cfg: Config, prompts: list[Prompt], backend: Backend):
+    """{prompt id: (messages to send or None when skipped, truncated?)}."""
+    g = cfg.generation
+    budget = token_budget(backend.context_tokens, g.max_new_tokens, g.max_prompt_tokens)
+    fits = {p.id: fit_messages(list(p.messages), budget, g.overlong, backend.count_tokens)
+            for p in prompts}
+    for p in prompts:
+        if fits[p.id][0] is None or fits[p.id][1]:
+            logger.warning("prompt %s is longer than %s prompt tokens: %s", p.id, budget,
+                           "skipped" if fits[p.id][0] is None else "cut from the middle")
+    return fits
+
+
+def _sample_record(cfg: Config, prompt: Prompt, j: int, c, truncated: bool) -> dict[str, Any]:
+    record = {
         "prompt_id": prompt.id, "sample_idx": j, "domain": prompt.domain,
         "messages": list(prompt.messages), "prompt": prompt.text, "response": c.text,
         "policy": cfg.policy.model, "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
     }
+    if truncated:  # the policy saw the prompt cut from the middle (messages stay whole)
+        record["prompt_truncated"] = True
+    return record
 
 
 def _token_stats(records: list[dict], stage: str, role: str) -> dict[str, Any]:
@@ -141,20 +171,28 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
     tokens, lost = 0, 0
     bar = _bar(len(samples), "judge", progress)
+    overlong = {"truncated": 0, "skipped": 0}
     with JsonlAppender(run.judgements) as out:
         for b, batch in batches:
             keys = [(p.id, j) for p in batch for j in range(cfg.generation.k)
                     if (p.id, j) in samples]
-            missing = [key for key in keys if key not in done]
+            fits = judge.fit([(samples[key]["prompt"], samples[key]["response"]) for key in keys],
+                             cfg.judge.overlong, cfg.judge.max_input_tokens)
+            overlong["truncated"] += sum(cut for _, cut in fits)
+            overlong["skipped"] += sum(item is None for item, _ in fits)
+            live = [(key, item, cut) for key, (item, cut) in zip(keys, fits, strict=True)
+                    if item is not None]
+            missing = [key for key, _, _ in live if key not in done]
             bar.update(len(keys) - len(missing))
             if not missing:
                 continue
-            items = [(samples[key]["prompt"], samples[key]["response"]) for key in keys]
-            results = judge.judge(items, seed=batch_seed(cfg.seed, "judge", b))
-            new = [(key, res) for key, res in zip(keys, results, strict=True) if key not in done]
+            results = judge.judge([item for _, item, _ in live],
+                                  seed=batch_seed(cfg.seed, "judge", b))
+            new = [(key, cut, res) for (key, _, cut), res in zip(live, results, strict=True)
+                   if key not in done]
             # A backend failure is no verdict: left out, so the next run judges it again.
-            lost += sum(res.backend_failed for _, res in new)
-            records = [_judgement_record(samples[key], judge, res) for key, res in new
+            lost += sum(res.backend_failed for _, _, res in new)
+            records = [_judgement_record(samples[key], judge, res, cut) for key, cut, res in new
                        if not res.backend_failed]
             out.write_all(records)
             bar.update(len(missing))
@@ -166,7 +204,9 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     judgements = read_keyed(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")
     stats.update({"judge/parse_failed": sum(not r["parse_ok"] for r in judgements),
-                  "judge/backend_failed": lost, "time/judge": time.perf_counter() - start})
+                  "judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
+                  "judge/skipped_overlong": overlong["skipped"],
+                  "time/judge": time.perf_counter() - start})
     stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
     _write_stats(run, "judge", stats)
     return stats
@@ -191,7 +231,7 @@ def _backend_stats(backend, role: str) -> dict[str, int]:
     return {f"http/{role}/{k}": v for k, v in counts.items()}
 
 
-def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:
+def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
     record = {k: v for k, v in sample.items() if k not in ("prompt_tokens", "completion_tokens")}
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
@@ -199,6 +239,8 @@ def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:
         parse_error=res.error, attempts=res.attempts, prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
     )
+    if truncated:  # the judge saw the prompt cut from the middle (the response whole)
+        record["judge_prompt_truncated"] = True
     return record
 
 

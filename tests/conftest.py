@@ -113,6 +113,7 @@ class FlakyServer:
         self.judge_up: int | None = None
         self.lock = threading.Lock()
         self.requests = {"generate": 0, "judge": 0, "503": 0}
+        self.longest = 0  # characters of the longest request seen
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -142,6 +143,7 @@ class FlakyServer:
         kind = "judge" if any(m["role"] == "system" for m in messages) else "generate"
         with self.lock:
             self.requests[kind] += 1
+            self.longest = max(self.longest, sum(len(m["content"]) for m in messages))
             budget = getattr(self, f"{kind}_up")
             if budget is not None:
                 if budget <= 0:

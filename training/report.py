@@ -97,6 +97,11 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         f"{r.get('pairs/ties_dropped', 0)}/"
         f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",
         "",
+        f"Overlong inputs (cut from the middle / skipped): prompts "
+        f"{r.get('generate/truncated', 0)}/{r.get('generate/skipped_overlong', 0)}, judge inputs "
+        f"{r.get('judge/truncated', 0)}/{r.get('judge/skipped_overlong', 0)}; empty responses "
+        f"{r.get('generate/empty', 0)}.",
+        "",
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
         "| metric | " + " | ".join(label for _, label in systems) + " |",

@@ -111,3 +111,20 @@ def test_fixed_judge_disables_the_adapter(bundled: TransformersBackend) -> None:
         assert with_adapter != base  # a random, non-zero adapter changes the policy
     finally:
         model.unload()
+
+
+def test_judge_input_longer_than_the_context_is_cut_or_skipped() -> None:
+    backend = ScriptedBackend([])
+    backend.context_tokens = 600  # the base estimate: 1 token per 3 characters
+    judge = _judge(backend, max_new_tokens=48)
+    long_prompt = "start " + "word " * 2000 + "the question?"
+    items = [("short?", "an answer"), (long_prompt, "an answer")]
+    (short, short_cut), (fitted, cut) = judge.fit(items, "truncate")
+    assert short == items[0] and not short_cut
+    assert cut and fitted[1] == "an answer"  # the response is never cut
+    assert fitted[0].startswith("start") and fitted[0].endswith("the question?")
+    assert backend.count_tokens(judge._messages(*fitted), "Missing:") <= 600 - 48 - 8
+    assert judge.fit(items, "skip")[1] == (None, False)
+    assert judge.fit(items, "truncate", max_input_tokens=100000)[1][1]  # context still binds
+    backend.context_tokens = None
+    assert judge.fit(items, "truncate") == [(item, False) for item in items]
