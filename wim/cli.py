@@ -163,18 +163,23 @@ def _dispatch(args: argparse.Namespace) -> int:
             # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
             raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
         run.save_config(cfg, str(shard) if shard else None)
+    _print_result(result, stages, out)
+    return 0
+
+
+def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
     if result.get("run/skipped_stages"):
         print(f"wim: skipped (config and inputs unchanged since they finished): "
               f"{', '.join(result['run/skipped_stages'])}", file=sys.stderr)
     if "report" in stages:
-        print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
+        verb = "unchanged:" if "report" in result.get("run/skipped_stages", []) else "wrote"
+        print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
                 "judge/parse_fail_rate", "judge/backend_failed", "train/loss_first",
                 "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
-    return 0
 
 
 if __name__ == "__main__":
