@@ -1,7 +1,9 @@
 """`wim merge`: join shard run directories into one.
 
-Shards must come from one config (same data sections, same shard count, distinct indices) and
-no (prompt_id, sample_idx) key may repeat. The merged folder holds samples.jsonl and
+Shards must come from one config (same run identity, same shard count, distinct indices) and
+no (prompt_id, sample_idx) key may repeat. Every shard of the split must be there, unless
+`allow_partial` (`wim merge --allow-partial`) accepts a merge that lacks some; the summary then
+lists the missing ones. The merged folder holds samples.jsonl and
 judgements.jsonl in key order; `wim run CONFIG --out MERGED` then finds every sample and
 judgement done and goes on with scoring, pairs, training and the report.
 """
@@ -11,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from wim.records import read_records, record_key, write_records_atomic
-from wim.rundir import DATA_SECTIONS, RunDir, RunDirError
+from wim.records import read_keyed, record_key, write_records_atomic
+from wim.rundir import RunDir, RunDirError, identity
 
 
-def merge_runs(dirs: list[Path], out: Path) -> dict[str, Any]:
+def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict[str, Any]:
     runs = [RunDir(d) for d in dirs]
     configs, shards = [], []
     for run in runs:
@@ -24,22 +26,28 @@ def merge_runs(dirs: list[Path], out: Path) -> dict[str, Any]:
         shards.append(run.shard())
     first = configs[0]
     for run, cfg in zip(runs[1:], configs[1:], strict=True):
-        if cfg.sha256(DATA_SECTIONS) != first.sha256(DATA_SECTIONS):
+        if identity(cfg) != identity(first):
             raise RunDirError(
                 f"{run.path} was built with a different config than {runs[0].path} "
-                "(the seed, prompts, policy, generation and judge sections must agree)."
+                "(the seed, prompts, policy, generation and judge sections, and the http model "
+                "and URLs when used, must agree)."
             )
-    _check_shards(dirs, shards)
+    missing = _check_shards(dirs, shards)
+    if missing and not allow_partial:
+        raise RunDirError(
+            f"shard(s) {', '.join(missing)} missing: the merge would lack their prompts. Merge "
+            "them too, or pass --allow-partial to merge only these. Nothing was written."
+        )
     target = RunDir(out)
     if target.read_meta() is not None or target.samples.exists():
         raise RunDirError(f"{out} already exists and holds a run; merge into a new folder.")
-    summary: dict[str, Any] = {"shards": [str(s) for s in shards]}
+    summary: dict[str, Any] = {"shards": [str(s) for s in shards], "missing_shards": missing}
     merged: dict[str, list[dict]] = {}
     for name in ("samples.jsonl", "judgements.jsonl"):
         seen: dict[tuple, Path] = {}
         records = []
         for run in runs:
-            for record in read_records(run.file(name)):
+            for record in read_keyed(run.file(name)):
                 key = record_key(record)
                 if key in seen:
                     raise RunDirError(
@@ -58,7 +66,8 @@ def merge_runs(dirs: list[Path], out: Path) -> dict[str, Any]:
     return summary
 
 
-def _check_shards(dirs: list[Path], shards: list[str | None]) -> None:
+def _check_shards(dirs: list[Path], shards: list[str | None]) -> list[str]:
+    """Check the shards belong to one split; return the shards of that split not given."""
     if any(s is None for s in shards):
         raise RunDirError("every folder to merge must be a shard run (made with --shard i/n).")
     parsed = [tuple(int(x) for x in s.split("/")) for s in shards]  # type: ignore[union-attr]
@@ -68,3 +77,5 @@ def _check_shards(dirs: list[Path], shards: list[str | None]) -> None:
     indices = [i for i, _ in parsed]
     if len(set(indices)) != len(indices):
         raise RunDirError(f"the same shard appears twice among {', '.join(map(str, dirs))}.")
+    n = counts.pop()
+    return [f"{i}/{n}" for i in range(n) if i not in indices]

@@ -11,6 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from data_gen.fingerprints import (
+    finished_stats,
+    input_fingerprint,
+    prompts_sha256,
+    record_finished,
+)
 from data_gen.stages import (
     Shard,
     export_pairs,
@@ -27,6 +33,19 @@ from wim.rundir import RunDir
 logger = logging.getLogger(__name__)
 
 STAGES = ("generate", "judge", "score", "pairs", "train", "report")
+
+
+class StageIncomplete(Exception):
+    """A stage lost records to backend failures; the later stages must not build on it."""
+
+    def __init__(self, stage: str, lost: int, stats: dict[str, Any]) -> None:
+        what = "samples" if stage == "generate" else "judgements"
+        super().__init__(
+            f"{lost} {what} were lost to backend failures (server down, timeouts, 5xx; see "
+            f"stats/{stage}.json) and were not recorded, so the stages after `{stage}` did not "
+            "run. Run the same command again to retry them; finished records are kept."
+        )
+        self.stage, self.lost, self.stats = stage, lost, stats
 
 
 class Resources:
@@ -83,42 +102,74 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
 def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                shard: Shard | None = None, progress: bool = True,
                resources: Resources | None = None) -> dict[str, Any]:
-    """Run the named stages in order; returns the merged stats (the report when it ran)."""
+    """Run the named stages in order; returns the merged stats (the report when it ran).
+
+    A stage whose config and inputs are unchanged since it last finished is skipped (see
+    fingerprints.py). Raises StageIncomplete after a stage that lost records to backend failures.
+    """
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}
+    skipped = []
     try:
         for stage in stages:
-            logger.info("stage %s", stage)
-            if stage == "generate":
-                stats.update(generate_samples(cfg, run, res.prompts(), res.policy(), shard,
-                                              progress))
-            elif stage == "judge":
-                stats.update(judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress))
-            elif stage == "score":
-                stats.update(score_run(cfg, run))
-            elif stage == "pairs":
-                stats.update(export_pairs(cfg, run))
-            elif stage == "train":
-                stats.update(train_run(cfg, run, progress))
-            elif stage == "report":
-                from training.report import write_report
-
-                stats = write_report(cfg, run)
-            else:
+            if stage not in STAGES:
                 raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(STAGES)}")
+            prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
+            fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
+                                            prompts)
+            done = finished_stats(run, stage, fingerprint)
+            if done is not None:
+                logger.info("stage %s: config and inputs unchanged since it finished; skipped",
+                            stage)
+                skipped.append(stage)
+                stats = _report(run) if stage == "report" else {**stats, **done}
+                continue
+            logger.info("stage %s", stage)
+            out = _run_stage(stage, cfg, run, res, shard, progress, fingerprint)
+            stats = out if stage == "report" else {**stats, **out}
+            lost = out.get(f"{stage}/backend_failed", 0)
+            if lost:
+                raise StageIncomplete(stage, lost, stats)
+            record_finished(run, stage, fingerprint)
     finally:
         res.close()
+    stats["run/skipped_stages"] = skipped
     return stats
 
 
-def train_run(cfg: Config, run: RunDir, progress: bool = True) -> dict[str, Any]:
+def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shard | None,
+               progress: bool, fingerprint: str) -> dict[str, Any]:
+    if stage == "generate":
+        return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
+    if stage == "judge":
+        return judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress)
+    if stage == "score":
+        return score_run(cfg, run)
+    if stage == "pairs":
+        return export_pairs(cfg, run)
+    if stage == "train":
+        return train_run(cfg, run, progress, resume_key=fingerprint)
+    from training.report import write_report
+
+    return write_report(cfg, run)
+
+
+def _report(run: RunDir) -> dict[str, Any]:
+    import json
+
+    return json.loads(run.file("report.json").read_text())
+
+
+def train_run(cfg: Config, run: RunDir, progress: bool = True,
+              resume_key: str | None = None) -> dict[str, Any]:
     import json
     import time
 
     from training.dpo import train_dpo
 
     start = time.perf_counter()
-    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress)
+    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress,
+                        resume_key=resume_key)
     metrics["time/train"] = time.perf_counter() - start
     (run.file("stats")).mkdir(exist_ok=True)
     (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))

@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 
 from wim.backends import Backend, SamplingParams
 from wim.config import Config
+from wim.context import fit_messages, token_budget
 from wim.judges import Judge
 from wim.prompts import Prompt
-from wim.records import JsonlAppender, index_by_key, read_records, write_records_atomic
+from wim.records import JsonlAppender, index_by_key, read_keyed, write_records_atomic
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -73,53 +74,82 @@ def _bar(total: int, desc: str, progress: bool):
 
 def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: Backend,
                      shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Sample k responses per prompt into samples.jsonl, skipping batches already done."""
+    """Sample k responses per prompt into samples.jsonl, skipping batches already done.
+
+    A prompt longer than the context is cut or skipped (generation.overlong, wim/context.py)
+    before batching; a failed sample is not recorded, so running again retries it.
+    """
     k = cfg.generation.k
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)
-    done = index_by_key(read_records(run.samples))
+    done = index_by_key(read_keyed(run.samples))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    fits = _fit_prompts(cfg, [p for _, batch in batches for p in batch], backend)
     start, new_tokens, failed = time.perf_counter(), 0, 0
     bar = _bar(sum(len(b) for _, b in batches) * k, "generate", progress)
     with JsonlAppender(run.samples) as out:
         for b, batch in batches:
-            missing = [(p, j) for p in batch for j in range(k) if (p.id, j) not in done]
+            live = [p for p in batch if fits[p.id][0] is not None]
+            missing = [(p, j) for p in live for j in range(k) if (p.id, j) not in done]
             bar.update(len(batch) * k - len(missing))
             if not missing:
                 continue
             # The whole batch is regenerated with its own seed, so the samples are identical
             # to an uninterrupted run; only the missing ones are written.
-            outs = backend.generate([list(p.messages) for p in batch], params, n=k,
+            outs = backend.generate([fits[p.id][0] for p in live], params, n=k,
                                     seed=batch_seed(cfg.seed, "generate", b))
             records = []
-            for p, completions in zip(batch, outs, strict=True):
+            for p, completions in zip(live, outs, strict=True):
                 for j, c in enumerate(completions):
                     if (p.id, j) in done:
                         continue
-                    if not c.ok:
+                    if not c.ok:  # not recorded: the same command run again retries it
                         failed += 1
                         logger.warning("sample %s/%d failed: %s", p.id, j, c.error)
                         continue
-                    records.append(_sample_record(cfg, p, j, c))
+                    records.append(_sample_record(cfg, p, j, c, truncated=fits[p.id][1]))
                     new_tokens += c.completion_tokens
             out.write_all(records)
             bar.update(len(missing))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = _token_stats(read_records(run.samples), "generate", "policy")
-    stats.update({"generate/failed": failed, "time/generate": time.perf_counter() - start})
+    samples = read_keyed(run.samples)
+    stats = _token_stats(samples, "generate", "policy")
+    stats.update({
+        "generate/backend_failed": failed,
+        "generate/truncated": sum(truncated for _, truncated in fits.values()),
+        "generate/skipped_overlong": sum(msgs is None for msgs, _ in fits.values()),
+        "generate/empty": sum(not r["response"].strip() for r in samples),
+        "time/generate": time.perf_counter() - start,
+    })
     stats.update(_backend_stats(backend, "policy"))
     _write_stats(run, "generate", stats)
     return stats
 
 
-def _sample_record(cfg: Config, prompt: Prompt, j: int, c) -> dict[str, Any]:
-    return {
+def _fit_prompts(cfg: Config, prompts: list[Prompt], backend: Backend):
+    """{prompt id: (messages to send or None when skipped, truncated?)}."""
+    g = cfg.generation
+    budget = token_budget(backend.context_tokens, g.max_new_tokens, g.max_prompt_tokens)
+    fits = {p.id: fit_messages(list(p.messages), budget, g.overlong, backend.count_tokens)
+            for p in prompts}
+    for p in prompts:
+        if fits[p.id][0] is None or fits[p.id][1]:
+            logger.warning("prompt %s is longer than %s prompt tokens: %s", p.id, budget,
+                           "skipped" if fits[p.id][0] is None else "cut from the middle")
+    return fits
+
+
+def _sample_record(cfg: Config, prompt: Prompt, j: int, c, truncated: bool) -> dict[str, Any]:
+    record = {
         "prompt_id": prompt.id, "sample_idx": j, "domain": prompt.domain,
         "messages": list(prompt.messages), "prompt": prompt.text, "response": c.text,
         "policy": cfg.policy.model, "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
     }
+    if truncated:  # the policy saw the prompt cut from the middle (messages stay whole)
+        record["prompt_truncated"] = True
+    return record
 
 
 def _token_stats(records: list[dict], stage: str, role: str) -> dict[str, Any]:
@@ -135,37 +165,64 @@ def _token_stats(records: list[dict], stage: str, role: str) -> dict[str, Any]:
 def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
                   shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
     """Judge every sample into judgements.jsonl, one generation batch at a time."""
-    samples = index_by_key(read_records(run.samples))
-    done = index_by_key(read_records(run.judgements))
+    samples = index_by_key(run.require("samples.jsonl", "wim generate"))
+    done = index_by_key(_final_judgements(run))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
-    tokens = 0
+    tokens, lost = 0, 0
     bar = _bar(len(samples), "judge", progress)
+    overlong = {"truncated": 0, "skipped": 0}
     with JsonlAppender(run.judgements) as out:
         for b, batch in batches:
             keys = [(p.id, j) for p in batch for j in range(cfg.generation.k)
                     if (p.id, j) in samples]
-            missing = [key for key in keys if key not in done]
+            fits = judge.fit([(samples[key]["prompt"], samples[key]["response"]) for key in keys],
+                             cfg.judge.overlong, cfg.judge.max_input_tokens)
+            overlong["truncated"] += sum(cut for _, cut in fits)
+            overlong["skipped"] += sum(item is None for item, _ in fits)
+            live = [(key, item, cut) for key, (item, cut) in zip(keys, fits, strict=True)
+                    if item is not None]
+            missing = [key for key, _, _ in live if key not in done]
             bar.update(len(keys) - len(missing))
             if not missing:
                 continue
-            items = [(samples[key]["prompt"], samples[key]["response"]) for key in keys]
-            results = judge.judge(items, seed=batch_seed(cfg.seed, "judge", b))
-            records = [_judgement_record(samples[key], judge, res)
-                       for key, res in zip(keys, results, strict=True) if key not in done]
+            results = judge.judge([item for _, item, _ in live],
+                                  seed=batch_seed(cfg.seed, "judge", b))
+            new = [(key, cut, res) for (key, _, cut), res in zip(live, results, strict=True)
+                   if key not in done]
+            # A backend failure is no verdict: left out, so the next run judges it again.
+            lost += sum(res.backend_failed for _, _, res in new)
+            records = [_judgement_record(samples[key], judge, res, cut) for key, cut, res in new
+                       if not res.backend_failed]
             out.write_all(records)
             bar.update(len(missing))
             failed += sum(not r["parse_ok"] for r in records)
             tokens += sum(r["completion_tokens"] for r in records)
-            bar.set_postfix(parse_failed=failed,
+            bar.set_postfix(parse_failed=failed, backend_failed=lost,
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    judgements = read_records(run.judgements)
+    judgements = read_keyed(run.judgements)
     stats = _token_stats(judgements, "judge", "judge")
-    stats["time/judge"] = time.perf_counter() - start
+    stats.update({"judge/parse_failed": sum(not r["parse_ok"] for r in judgements),
+                  "judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
+                  "judge/skipped_overlong": overlong["skipped"],
+                  "time/judge": time.perf_counter() - start})
     stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
     _write_stats(run, "judge", stats)
     return stats
+
+
+def _final_judgements(run: RunDir) -> list[dict[str, Any]]:
+    """The judgements to keep. Older versions recorded backend failures as parse failures;
+    those are dropped from the file (rewritten whole) so that they are judged again."""
+    records = read_keyed(run.judgements)
+    final = [r for r in records
+             if r["parse_ok"] or not str(r.get("parse_error") or "").startswith("backend failed")]
+    if len(final) < len(records):
+        logger.info("%d judgements lost to backend failures will be judged again",
+                    len(records) - len(final))
+        write_records_atomic(run.judgements, final)
+    return final
 
 
 def _backend_stats(backend, role: str) -> dict[str, int]:
@@ -174,7 +231,7 @@ def _backend_stats(backend, role: str) -> dict[str, int]:
     return {f"http/{role}/{k}": v for k, v in counts.items()}
 
 
-def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:
+def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
     record = {k: v for k, v in sample.items() if k not in ("prompt_tokens", "completion_tokens")}
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
@@ -182,6 +239,8 @@ def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:
         parse_error=res.error, attempts=res.attempts, prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
     )
+    if truncated:  # the judge saw the prompt cut from the middle (the response whole)
+        record["judge_prompt_truncated"] = True
     return record
 
 
@@ -191,8 +250,8 @@ def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
     from wim.scoring import score_judgements
 
     start = time.perf_counter()
-    judgements = read_records(run.judgements)
-    needs_embedder = any(j["parse_ok"] and j.get("critique") for j in judgements)
+    judgements = run.require("judgements.jsonl", "wim judge")
+    needs_embedder = any(j["parse_ok"] and j.get("critique") is not None for j in judgements)
     if embedder is None and needs_embedder:
         embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size)
     scored = score_judgements(judgements, embedder, cfg.scoring.zeta)
@@ -208,7 +267,8 @@ def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[st
     from wim.pairs import build_pairs
 
     start = time.perf_counter()
-    rows, counts = build_pairs(read_records(run.scores), cfg.pairs, seed=cfg.seed)
+    scores = run.require("scores.jsonl", "wim score")
+    rows, counts = build_pairs(scores, cfg.pairs, seed=cfg.seed)
     write_records_atomic(run.pairs, rows)
     if save_dataset and rows:
         _save_dataset(cfg, run.pairs, run.file("pairs"))

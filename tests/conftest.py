@@ -94,3 +94,86 @@ def server_url(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class FlakyServer:
+    """A small OpenAI-compatible chat server on 127.0.0.1 that can be down for a while.
+
+    Not a model: it answers a policy request with a fixed response and a judge request (one with
+    a system message) with a well-formed verdict, or with text that does not parse when the
+    request holds UNPARSEABLE. `generate_up` / `judge_up` are how many more requests of each kind
+    it answers before it returns 503 for them (None: always up).
+    """
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.generate_up: int | None = None
+        self.judge_up: int | None = None
+        self.lock = threading.Lock()
+        self.requests = {"generate": 0, "judge": 0, "503": 0}
+        self.longest = 0  # characters of the longest request seen
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                import json
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, text = server.answer(body["messages"])
+                reply = {"choices": [{"message": {"role": "assistant", "content": text}}],
+                         "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+                data = json.dumps(reply if status == 200 else {"error": "down"}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answer(self, messages: list[dict]) -> tuple[int, str]:
+        kind = "judge" if any(m["role"] == "system" for m in messages) else "generate"
+        with self.lock:
+            self.requests[kind] += 1
+            self.longest = max(self.longest, sum(len(m["content"]) for m in messages))
+            budget = getattr(self, f"{kind}_up")
+            if budget is not None:
+                if budget <= 0:
+                    self.requests["503"] += 1
+                    return 503, ""
+                setattr(self, f"{kind}_up", budget - 1)
+        if kind == "generate":
+            return 200, "A short answer."
+        if any("UNPARSEABLE" in m["content"] for m in messages):
+            return 200, "I would rather not say."
+        return 200, "Missing: nothing\nRating: 7"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def flaky_server():
+    server = FlakyServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def http_overrides(url: str) -> list[str]:
+    """Policy and judge both over HTTP, requests failing fast; numeric judging, so that no
+    embedder (no local model at all) is needed."""
+    return ["policy.backend=http", "judge.role=external", "judge.backend=http",
+            f"http.base_urls=[{url}]", "http.model=flaky", "http.max_retries=0",
+            "http.concurrency=2", "http.timeout_s=10", "generation.batch_size=2",
+            "judge.max_retries=1", "judge.mode=numeric", "scoring.zeta=0"]

@@ -32,6 +32,7 @@ def train_dpo(
     *,
     model_name: str | None = None,
     progress: bool = True,
+    resume_key: str | None = None,
 ) -> dict[str, float | int]:
     """Train a LoRA adapter with DPO on the pairs and save it to `out_dir/adapter`.
 
@@ -40,6 +41,11 @@ def train_dpo(
     `train/reward_accuracy_last` (when TRL logged it) and `train/lora_delta_norm`: the L2 norm
     of the change in LoRA weights from their initial values (> 0 once anything was learned).
     Raises ValueError when there are no pairs or `cfg.dpo.extra` names a non-DPOConfig field.
+
+    Checkpoints go to `out_dir/trainer/checkpoint-*` every `dpo.save_steps` steps. When that
+    folder holds checkpoints of a training with the same `resume_key` (the caller's hash of the
+    config and pairs), training resumes from the last one (`train/resumed_from_step`);
+    checkpoints of any other training are deleted first, never resumed.
     """
     import torch
     from peft import LoraConfig
@@ -48,6 +54,7 @@ def train_dpo(
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
     n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
     args = _dpo_args(cfg, out_dir / "trainer", progress)
+    checkpoint = _resumable_checkpoint(out_dir / "trainer", resume_key)
     dataset = _load_pairs(pairs_path)
 
     model, tokenizer = load_causal_lm(model_name or cfg.policy.model)
@@ -66,10 +73,12 @@ def train_dpo(
         peft_config=peft_config,
     )
     lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n and p.requires_grad}
-    initial = {n: p.detach().clone() for n, p in lora.items()}
+    initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt", checkpoint is not None)
 
     start = time.perf_counter()
-    trainer.train()
+    if checkpoint:
+        logger.info("DPO: resuming from %s", checkpoint)
+    trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - start
 
     with torch.no_grad():
@@ -80,10 +89,45 @@ def train_dpo(
     history = trainer.state.log_history
     metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
     metrics["train/lora_delta_norm"] = math.sqrt(delta)
+    metrics["train/resumed_from_step"] = _step_of(checkpoint)
     (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
     return metrics
+
+
+def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None) -> str | None:
+    """The last checkpoint of this same training, or None (then any stale one is removed)."""
+    import shutil
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    key_file = trainer_dir / "resume_key.txt"
+    if resume_key and trainer_dir.is_dir() and key_file.is_file():
+        if key_file.read_text().strip() == resume_key:
+            return get_last_checkpoint(str(trainer_dir))
+    if trainer_dir.exists():
+        shutil.rmtree(trainer_dir)  # checkpoints of another config or pairs: never resumed
+    trainer_dir.mkdir(parents=True)
+    if resume_key:
+        key_file.write_text(resume_key + "\n")
+    return None
+
+
+def _initial_lora(lora: dict, path: Path, resuming: bool) -> dict:
+    """The LoRA weights before any step, kept on disk so that a resumed training measures its
+    weight change from the same start."""
+    import torch
+
+    if resuming and path.is_file():
+        return torch.load(path)
+    initial = {n: p.detach().clone() for n, p in lora.items()}
+    torch.save(initial, path)
+    return initial
+
+
+def _step_of(checkpoint: str | None) -> int:
+    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
 
 
 def _count_pairs(pairs_path: Path) -> int:
@@ -126,9 +170,12 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
         activation_checkpointing=False,
         seed=cfg.seed,
         report_to="wandb" if cfg.wandb.enabled else "none",
-        save_strategy="no",
+        save_strategy="steps" if cfg.dpo.save_steps else "no",
+        save_total_limit=2,  # LoRA checkpoints are small; two guard against a torn last one
         disable_tqdm=not progress,
     )
+    if not cfg.dpo.save_steps:
+        dpo.pop("save_steps")  # DPOConfig refuses save_steps=0
     return DPOConfig(**{**kwargs, **dpo, **extra})
 
 

@@ -8,8 +8,8 @@ import math
 from typing import Any
 
 from wim.config import Config
-from wim.metrics import judge_statistics, pair_statistics, system_values
-from wim.records import read_records
+from wim.metrics import domain_name, judge_statistics, pair_statistics, system_values
+from wim.records import read_keyed
 from wim.rundir import RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
@@ -24,13 +24,14 @@ SMALL_JUDGE_NOTE = (
 
 def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    stats = run.file("stats")
     for stage in ("generate", "judge", "score", "pairs", "train"):
-        path = stats / f"{stage}.json"
+        path = run.file("stats") / f"{stage}.json"
         if path.exists():
-            report.update(json.loads(path.read_text()))
-    judgements = read_records(run.judgements)
-    scores = read_records(run.scores)
+            stats = json.loads(path.read_text())
+            stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
+            report.update(stats)
+    judgements = read_keyed(run.judgements)
+    scores = run.require("scores.jsonl", "wim score")
     report.update(judge_statistics(judgements))
     report.update(pair_statistics(scores, cfg.scoring.zeta, cfg.scoring.report_zetas,
                                   cfg.pairs.tie_tolerance))
@@ -57,6 +58,14 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     return clean
 
 
+def md_cell(text: Any) -> str:
+    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
+    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+
+
 def _fmt(value: Any, pct: bool = False) -> str:
     if value is None:
         return "n/a"
@@ -72,7 +81,8 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
     lines = [
         "# WIM run report",
         "",
-        f"Policy `{r['policy/model']}`; judge `{r['judge/model']}` (role {r['judge/role']}, "
+        f"Policy {md_cell(r['policy/model'])}; judge {md_cell(r['judge/model'])} "
+        f"(role {r['judge/role']}, "
         f"mode {r['judge/mode']}); embedder `{r['score/embedder']}`.",
         "",
     ]
@@ -80,10 +90,17 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     lines += [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking. "
+        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking"
+        f"; {r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
+        "next run). "
         f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
         f"{r.get('pairs/ties_dropped', 0)}/"
         f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",
+        "",
+        f"Overlong inputs (cut from the middle / skipped): prompts "
+        f"{r.get('generate/truncated', 0)}/{r.get('generate/skipped_overlong', 0)}, judge inputs "
+        f"{r.get('judge/truncated', 0)}/{r.get('judge/skipped_overlong', 0)}; empty responses "
+        f"{r.get('generate/empty', 0)}.",
         "",
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
@@ -107,6 +124,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
             lines.append(f"| {z:g} | {_fmt(r[f'zeta/{z:g}/tie_rate'], True)} | "
                          f"{_fmt(r[f'zeta/{z:g}/delta'])} | "
                          f"{_fmt(r.get(f'zeta/{z:g}/agreement'), True)} |")
+    # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
         names = [s for s, _ in systems]
@@ -117,7 +135,8 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         for d in domains:
             ties = [_fmt(r.get(f"domain/{d}/tie_rate/{s}"), True) for s in names]
             deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
-            lines.append(f"| {d} | " + " | ".join(ties + deltas) + " |")
+            lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
+                         + " | ".join(ties + deltas) + " |")
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
         lines.append(f"| {key} | {_fmt(r[key])} |")
@@ -132,7 +151,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
 
 
 def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:
-    scores = [r for r in read_records(run.scores) if r.get("rating_norm") is not None]
+    scores = [r for r in read_keyed(run.scores) if r.get("rating_norm") is not None]
     if not scores:
         return []
     import matplotlib

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="join shard run directories into one")
     merge.add_argument("dirs", nargs="+", help="shard run directories")
     merge.add_argument("--out", required=True, help="merged run directory")
+    merge.add_argument("--allow-partial", action="store_true",
+                       help="merge even when some shards of the split are missing")
     return parser
 
 
@@ -81,10 +83,22 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as err:  # our own errors get one paragraph; anything else is a bug
-        if not _is_user_error(err):
+        if isinstance(err, OSError) and _is_storage_error(err):
+            from wim.records import storage_error
+
+            err = storage_error(err, err.filename or getattr(args, "out", None))
+        elif not _is_user_error(err):
             raise
         print(f"wim: error: {err}", file=sys.stderr)
         return 2
+
+
+def _is_storage_error(err: OSError) -> bool:
+    """A write refused by the file system (disk full, permissions, ...), wherever it came from
+    (our writers wrap theirs; this catches the libraries': datasets, the trainer, plots)."""
+    from wim.records import STORAGE_ERRNOS
+
+    return err.errno in STORAGE_ERRNOS
 
 
 def _is_user_error(err: Exception) -> bool:
@@ -104,12 +118,15 @@ class UserFacingError(RuntimeError):
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "merge":
         from data_gen.merge import merge_runs
+        from wim.rundir import RunDir
 
-        summary = merge_runs([Path(d) for d in args.dirs], Path(args.out))
+        with RunDir(Path(args.out)).lock("wim " + " ".join(sys.argv[1:])):
+            summary = merge_runs([Path(d) for d in args.dirs], Path(args.out),
+                                 allow_partial=args.allow_partial)
         print(json.dumps(summary, indent=2))
         return 0
 
-    from data_gen.pipeline import STAGES, Resources, run_stages
+    from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
     from data_gen.stages import Shard
     from wim.rundir import RunDir
 
@@ -128,24 +145,41 @@ def _dispatch(args: argparse.Namespace) -> int:
     if {"generate", "judge"} & set(stages):
         resources.prompts()  # a bad prompts file fails before the run directory is touched
     run = RunDir(out)
-    run.claim(cfg, str(shard) if shard else None)
-    try:
-        result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
-                            resources=resources)
-    except ValueError as err:
-        if args.verbose:
-            raise
-        # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
-        raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
-    run.save_config(cfg, str(shard) if shard else None)
+    with run.lock("wim " + " ".join(sys.argv[1:])):
+        run.claim(cfg, str(shard) if shard else None)
+        try:
+            result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
+                                resources=resources)
+        except StageIncomplete as err:
+            # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
+            run.save_config(cfg, str(shard) if shard else None)
+            print(json.dumps({k: v for k, v in err.stats.items() if not isinstance(v, dict)},
+                             indent=2))
+            print(f"wim: incomplete: {err}", file=sys.stderr)
+            return 3
+        except ValueError as err:
+            if args.verbose or _is_user_error(err):
+                raise
+            # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
+            raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
+        run.save_config(cfg, str(shard) if shard else None)
+    _print_result(result, stages, out)
+    return 0
+
+
+def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
+    if result.get("run/skipped_stages"):
+        print(f"wim: skipped (config and inputs unchanged since they finished): "
+              f"{', '.join(result['run/skipped_stages'])}", file=sys.stderr)
     if "report" in stages:
-        print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
+        verb = "unchanged:" if "report" in result.get("run/skipped_stages", []) else "wrote"
+        print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
-                "judge/parse_fail_rate", "train/loss_first", "train/loss_last")
+                "judge/parse_fail_rate", "judge/backend_failed", "train/loss_first",
+                "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

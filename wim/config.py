@@ -51,6 +51,12 @@ class GenerationConfig:
     batch_size: int = 8
     """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
     reproduce the same samples."""
+    overlong: str = "truncate"
+    """A prompt longer than the policy's context (less max_new_tokens) or max_prompt_tokens:
+    `truncate` (cut from the middle to fit, counted as generate/truncated) or `skip` (not
+    sampled, counted as generate/skipped_overlong)."""
+    max_prompt_tokens: int | None = None
+    """Cap on prompt tokens below the model's context (long prompts are slow); null: none."""
 
 
 @dataclass
@@ -65,6 +71,9 @@ class HTTPConfig:
     timeout_s: float = 60.0
     max_retries: int = 4
     """Retries with exponential backoff on timeouts, 429 and 5xx."""
+    context_tokens: int | None = None
+    """The server model's context length, if known. Without a tokenizer, a prompt's length is
+    estimated as characters / 3 (on the safe side); null: no check, the server decides."""
 
 
 @dataclass
@@ -90,6 +99,12 @@ class JudgeConfig:
     """Re-ask a judge whose output fails to parse this many times (sampling, new seed)."""
     retry_temperature: float = 0.7
     batch_size: int = 8
+    overlong: str = "truncate"
+    """Judge input (instructions + prompt + response) longer than the judge's context (less
+    max_new_tokens) or max_input_tokens: `truncate` (the prompt is cut from the middle, the
+    response kept whole; judge/truncated) or `skip` (not judged; judge/skipped_overlong)."""
+    max_input_tokens: int | None = None
+    """Cap on judge input tokens below the judge's context; null: none."""
 
 
 @dataclass
@@ -134,6 +149,9 @@ class DPOSection:
     gradient_accumulation_steps: int = 1
     max_length: int = 256
     logging_steps: int = 1
+    save_steps: int = 25
+    """Save a checkpoint every this many steps (and at the end), so that a killed training
+    resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -181,6 +199,8 @@ _CHOICES = {
     "judge.role": ("fixed", "changing", "external"),
     "judge.mode": ("wim", "numeric"),
     "judge.instructions_in": ("system", "user"),
+    "generation.overlong": ("truncate", "skip"),
+    "judge.overlong": ("truncate", "skip"),
     "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
     "pairs.tie_policy": ("drop", "first", "random"),
 }
@@ -219,6 +239,14 @@ def validate(cfg: Config, source: str = "config") -> None:
     for key, value in positive.items():
         if value <= 0:
             fail(key, "be positive", value)
+    for key, cap in (("generation.max_prompt_tokens", cfg.generation.max_prompt_tokens),
+                     ("judge.max_input_tokens", cfg.judge.max_input_tokens)):
+        if cap is not None and cap <= 0:
+            fail(key, "be positive or null", cap)
+    if cfg.dpo.save_steps < 0:
+        fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
+    if cfg.http.context_tokens is not None and cfg.http.context_tokens <= 0:
+        fail("http.context_tokens", "be positive or null", cfg.http.context_tokens)
     if cfg.dpo.learning_rate <= 0:
         fail("dpo.learning_rate", "be positive", cfg.dpo.learning_rate)
     if cfg.generation.temperature < 0:

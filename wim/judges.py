@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from wim.backends import Backend, Completion, SamplingParams
+from wim.context import fit_text, token_budget
 from wim.judge_prompts import MISSING_PREFILL, RATING_PREFILL, build_judge_messages
 from wim.parsing import parse_judgement
 
@@ -37,13 +38,18 @@ class Judgement:
     attempts: int
     prompt_tokens: int
     completion_tokens: int
+    backend_failed: bool = False
+    """The backend failed (timeout, 5xx, connection, ...): no verdict at all. Not a result to
+    record; the stage leaves it out so that running the same command again retries it."""
 
 
 class Judge(ABC):
     """Judges a batch of (prompt, response) pairs.
 
     Returns one `Judgement` per item, in input order. Output that fails to parse is retried
-    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`.
+    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`. A
+    backend failure is not retried here (the backend has its own retries) and comes back with
+    `backend_failed=True`.
     """
 
     role: str = "external"
@@ -51,6 +57,12 @@ class Judge(ABC):
 
     @abstractmethod
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]: ...
+
+    def fit(self, items: list[tuple[str, str]], rule: str = "truncate",
+            max_input_tokens: int | None = None) -> list[tuple[tuple[str, str] | None, bool]]:
+        """Per item: ((prompt, response) to judge, or None to skip it; truncated?). This base
+        judge knows no context limit and keeps every item as it is."""
+        return [(item, False) for item in items]
 
 
 class BackendJudge(Judge):
@@ -100,21 +112,40 @@ class BackendJudge(Judge):
                     attempts=attempt + 1,
                     prompt_tokens=spent[i][0],
                     completion_tokens=spent[i][1],
+                    backend_failed=error is not None,
                 )
-                if not ok:
+                if parsed is not None and not ok:  # only a parse failure is asked again
                     still_failing.append(i)
             todo = still_failing
             if not todo:
                 break
         return results  # type: ignore[return-value]
 
+    def fit(self, items, rule="truncate", max_input_tokens=None):
+        """Fit each input into the judge's context (less max_new_tokens and the prefills):
+        the prompt is cut from the middle (rule `truncate`) or the item skipped (`skip`); the
+        response is never cut (wim/context.py)."""
+        budget = token_budget(self.backend.context_tokens, self.max_new_tokens,
+                              max_input_tokens, margin=8)
+        out = []
+        for prompt, response in items:
+            def count(text: str, response: str = response) -> int:
+                return self.backend.count_tokens(self._messages(text, response), MISSING_PREFILL)
+
+            if budget is None or count(prompt) <= budget:
+                out.append(((prompt, response), False))
+                continue
+            fitted = fit_text(prompt, budget, count) if rule == "truncate" else None
+            out.append(((fitted, response), True) if fitted is not None else (None, False))
+        return out
+
+    def _messages(self, prompt: str, response: str) -> list[dict[str, str]]:
+        return build_judge_messages(prompt, response, criteria=self.criteria, mode=self.mode,
+                                    instructions_in=self.instructions_in)
+
     def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, int, int]]:
         """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
-        convs = [
-            build_judge_messages(p, r, criteria=self.criteria, mode=self.mode,
-                                 instructions_in=self.instructions_in)
-            for p, r in items
-        ]
+        convs = [self._messages(p, r) for p, r in items]
         self.calls += 1
         if not self.backend.supports_prefill:
             params, head = SamplingParams(self.max_new_tokens, temperature, 1.0), ""

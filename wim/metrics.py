@@ -30,6 +30,16 @@ def system_values(record: dict[str, Any], zeta: float, zetas: list[float]) -> di
     return {name: v * 5.0 + 5.0 for name, v in values.items()}
 
 
+def domain_key(domain: str) -> str:
+    """A domain name as one segment of a metric key: `%` and `/` percent-encoded, so that
+    `domain/<name>/tie_rate/wim` always splits back into its parts (`domain_name` undoes it)."""
+    return domain.replace("%", "%25").replace("/", "%2F")
+
+
+def domain_name(key: str) -> str:
+    return key.replace("%2F", "/").replace("%25", "%")
+
+
 def _sign(x: float, tol: float) -> int:
     return 0 if abs(x) <= tol else (1 if x > 0 else -1)
 
@@ -93,7 +103,7 @@ def pair_statistics(
     for domain, dom_values in sorted(domains.items()):
         for key, value in _summaries(dom_values, systems, tol).items():
             if key.startswith(("tie_rate/", "delta/", "agreement/")):
-                out[f"domain/{domain}/{key}"] = value
+                out[f"domain/{domain_key(domain)}/{key}"] = value
     return out
 
 

@@ -1,12 +1,15 @@
 """Keyed JSONL files: appended record by record, resumable after a crash.
 
-A process killed mid-write leaves at most one torn last line. Readers ignore it and
-`open_for_append` cuts it off before writing, so a resumed stage neither loses nor
-duplicates a record. A malformed line anywhere else is real corruption and an error.
+A process killed mid-write (or a disk that fills up mid-line) leaves at most one torn last
+line. Readers ignore it and `JsonlAppender` cuts it off before writing, so a resumed stage
+neither loses nor duplicates a record. A malformed line anywhere else is real corruption and an
+error, and so is a key that appears twice (`read_keyed`): we refuse such a file rather than
+guess which copy is right.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -18,6 +21,33 @@ Key = tuple[str, int]
 
 class RecordsError(ValueError):
     pass
+
+
+class StorageError(RecordsError):
+    """The file system refused a write: disk full, no permission, read-only, ..."""
+
+
+_STORAGE_HINTS = {
+    errno.ENOSPC: ("the disk is full", "free some space (or choose another --out folder)"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space (or choose another --out)"),
+    errno.EACCES: ("permission denied", "choose a folder you can write, or fix its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a folder you can write"),
+    errno.EROFS: ("the file system is read-only", "choose a writable folder for --out"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "choose another --out path"),
+    errno.EISDIR: ("a folder stands where a file should be", "move that folder away"),
+}
+STORAGE_ERRNOS = frozenset(_STORAGE_HINTS)
+
+
+def storage_error(err: OSError, path: str | Path | None = None) -> StorageError:
+    """One paragraph for a failed write: what happened, where, what to do."""
+    what, todo = _STORAGE_HINTS.get(err.errno, (err.strerror or str(err), "check the folder"))
+    where = path or err.filename or "the run directory"
+    return StorageError(
+        f"cannot write {where}: {what} ({errno.errorcode.get(err.errno, err.errno)}). "
+        f"Records already written are kept; {todo}, then run the same command again to go on "
+        "where it stopped."
+    )
 
 
 def record_key(record: dict[str, Any]) -> Key:
@@ -46,6 +76,30 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def read_keyed(path: str | Path) -> list[dict[str, Any]]:
+    """`read_records` for a keyed stage file; raise RecordsError if a key appears twice."""
+    records = read_records(path)
+    first: dict[Key, int] = {}
+    for number, record in enumerate(records, start=1):
+        try:
+            key = record_key(record)
+        except (KeyError, TypeError, ValueError):
+            raise RecordsError(
+                f"{path}, record {number}: no valid prompt_id/sample_idx key. The file was not "
+                "written by wim; delete it (or the run directory) to rebuild this stage."
+            ) from None
+        if key in first:
+            dupes = len(records) - len({record_key(r) for r in records})
+            raise RecordsError(
+                f"{path}: key (prompt_id={key[0]!r}, sample_idx={key[1]}) appears twice (records "
+                f"{first[key]} and {number}; {dupes} repeated record(s) in all), so the file was "
+                "written twice, e.g. by two processes at once. Keep one line per key (or delete "
+                "the file to rebuild this stage) and run the command again."
+            )
+        first[key] = number
+    return records
+
+
 def _cut_torn_tail(path: Path) -> None:
     with path.open("rb+") as f:
         data = f.read()
@@ -59,18 +113,31 @@ class JsonlAppender:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if self.path.exists():
-            _cut_torn_tail(self.path)
-        self._file = self.path.open("a", encoding="utf-8")
+        try:
+            if self.path.exists():
+                _cut_torn_tail(self.path)
+            # Unbuffered bytes: a failed write leaves nothing pending that a later close would
+            # try to write again, and at most one torn line that the next run cuts off.
+            self._file = self.path.open("ab", buffering=0)
+        except OSError as err:
+            raise storage_error(err, self.path) from None
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            view = memoryview(line)
+            while view:  # a raw write may be partial
+                view = view[self._file.write(view):]
+        except OSError as err:
+            raise storage_error(err, self.path) from None
 
     def write_all(self, records: Iterable[dict[str, Any]]) -> None:
         for record in records:
             self.write(record)
-        os.fsync(self._file.fileno())
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as err:
+            raise storage_error(err, self.path) from None
 
     def close(self) -> None:
         self._file.close()
@@ -86,12 +153,16 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
     """Replace a whole file at once (derived stages such as scores and pairs)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)  # the old file, if any, is untouched
+        raise storage_error(err, path) from None
 
 
 def index_by_key(records: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:

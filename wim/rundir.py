@@ -1,30 +1,76 @@
 """The run directory: the contract between stages (see DESIGN.md).
 
 `resolved_config.yaml` records the config after overrides, its sha256, package versions and the
-git sha. The sections that decide which samples and judgements exist (the "data" sections) must
-match for a second run in the same folder; otherwise the run is refused before anything is
-written. Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that
-depend on them are recomputed from the records already there.
+git sha. The run's identity (the config that decides which samples and judgements exist: the
+"data" sections plus, when a backend is `http`, which server model answers) must match for a
+second run in the same folder; otherwise the run is refused before anything is written.
+Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that depend on them
+are recomputed from the records already there.
+
+One writer at a time: every command that writes a run directory holds an exclusive `flock` on
+`DIR/.lock` for its whole life (`RunDir.lock`). The file records who holds it, so a second
+process fails at once and names the first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.metadata
+import json
+import os
+import socket
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from wim.config import Config, ConfigError, config_from_dict
+from wim.records import read_keyed, storage_error
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
+# The http keys that change which model writes samples or judgements (or which inputs it
+# refuses as too long). concurrency, timeout_s, max_retries and api_key_env change only how
+# requests are sent, never a recorded result, so they may change between runs of one folder.
+HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens")
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
 
 
 class RunDirError(RuntimeError):
     pass
+
+
+class RunDirBusyError(RunDirError):
+    """Another process holds the run directory's lock."""
+
+
+def uses_http(cfg: Config) -> bool:
+    return cfg.policy.backend == "http" or (
+        cfg.judge.role == "external" and cfg.judge.backend == "http"
+    )
+
+
+def identity(cfg: Config) -> dict:
+    """What must not change within one run directory: the data sections, plus the identifying
+    http keys when a backend is http (base URLs compared as a set: their order is only the
+    round-robin order)."""
+    data = cfg.to_dict()
+    ident = {k: data[k] for k in DATA_SECTIONS}
+    if uses_http(cfg):
+        http = {k: data["http"][k] for k in HTTP_IDENTITY_KEYS}
+        http["base_urls"] = sorted(http["base_urls"])
+        ident["http"] = http
+    return ident
+
+
+def identity_sha256(cfg: Config) -> str:
+    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,6 +103,18 @@ class RunDir:
     def pairs(self) -> Path:
         return self.path / "pairs.jsonl"
 
+    def require(self, name: str, command: str) -> list[dict]:
+        """The records of a stage's input file, or a clear error naming the stage that makes
+        them (a stage never succeeds on nothing)."""
+        records = read_keyed(self.file(name))
+        if not records:
+            state = "is empty" if self.file(name).exists() else "does not exist"
+            raise RunDirError(
+                f"{self.file(name)} {state}, so there is nothing to work on. Run `{command} "
+                f"{self.path}` first (or `wim run CONFIG --out {self.path}` for every stage)."
+            )
+        return records
+
     def read_meta(self) -> dict | None:
         if not self.config_file.exists():
             return None
@@ -80,8 +138,8 @@ class RunDir:
         meta = self.read_meta()
         if meta is not None:
             old = config_from_dict(meta["config"], source=str(self.config_file))
-            if old.sha256(DATA_SECTIONS) != cfg.sha256(DATA_SECTIONS) or meta.get("shard") != shard:
-                changed = _changed_keys(old.to_dict(), cfg.to_dict(), DATA_SECTIONS)
+            if identity(old) != identity(cfg) or meta.get("shard") != shard:
+                changed = _changed_keys(identity(old), identity(cfg))
                 if meta.get("shard") != shard:
                     changed.append(f"shard ({meta.get('shard')} -> {shard})")
                 raise RunDirError(
@@ -90,7 +148,7 @@ class RunDir:
                     "folder, or re-run with the config saved in "
                     f"{self.config_file}."
                 )
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.ensure_folder()
         if meta is None:
             self.save_config(cfg, shard)
         # An existing run keeps its saved config until the new stages succeed (the caller then
@@ -100,19 +158,83 @@ class RunDir:
         meta = {
             "config": cfg.to_dict(),
             "sha256": cfg.sha256(),
-            "data_sha256": cfg.sha256(DATA_SECTIONS),
+            "data_sha256": identity_sha256(cfg),
             "shard": shard,
             "versions": package_versions(),
             "git_sha": git_sha(),
         }
         tmp = self.config_file.with_suffix(".yaml.tmp")
-        tmp.write_text(yaml.safe_dump(meta, sort_keys=False))
-        tmp.replace(self.config_file)
+        try:
+            tmp.write_text(yaml.safe_dump(meta, sort_keys=False))
+            tmp.replace(self.config_file)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(err, self.config_file) from None
+
+    def ensure_folder(self) -> None:
+        """Create the folder, or say clearly why it cannot be (a file, no permission, ...)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(
+                f"{self.path} is a file, not a folder. Give --out a folder path (it is created "
+                "when missing), or move the file away."
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise storage_error(err, self.path) from None
+
+    @contextlib.contextmanager
+    def lock(self, command: str = "") -> Iterator[None]:
+        """Hold an exclusive lock on the run directory, or fail at once naming the holder.
+
+        The kernel drops a `flock` when its process dies, so a killed run never leaves a stale
+        lock behind; the file itself stays (deleting it would let two processes lock two files).
+        """
+        self.ensure_folder()
+        path = self.path / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise storage_error(err, path) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirBusyError(_busy_message(self.path, path)) from None
+            holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                      "command": command or " ".join(sys.argv),
+                      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            with contextlib.suppress(OSError):  # who holds it is for messages only
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # also releases the lock
 
 
-def _changed_keys(old: dict, new: dict, sections: tuple[str, ...]) -> list[str]:
+def _busy_message(folder: Path, lock_file: Path) -> str:
+    holder: dict = {}
+    for _ in range(20):  # the holder writes who it is right after taking the lock
+        try:
+            holder = json.loads(lock_file.read_text() or "{}")
+        except (OSError, ValueError):
+            holder = {}
+        if holder:
+            break
+        time.sleep(0.05)
+    who = (f"process {holder.get('pid', '?')} on {holder.get('host', '?')} "
+           f"(`{holder.get('command', '?')}`, started {holder.get('started', '?')})"
+           if holder else "another process (it is just starting)")
+    return (
+        f"{folder} is in use by {who}. Only one wim command may write a run directory at a "
+        "time. Wait for it to finish (or stop it), then run this command again; nothing was "
+        "written by this one."
+    )
+
+
+def _changed_keys(old: dict, new: dict) -> list[str]:
     changed = []
-    for section in sections:
+    for section in sorted(set(old) | set(new)):
         a, b = old.get(section), new.get(section)
         if isinstance(a, dict) and isinstance(b, dict):
             changed += [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
@@ -140,4 +262,4 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-__all__ = ["RunDir", "RunDirError", "ConfigError", "DATA_SECTIONS"]
+__all__ = ["RunDir", "RunDirError", "RunDirBusyError", "ConfigError", "DATA_SECTIONS", "identity"]

@@ -58,10 +58,15 @@ def test_only_failures_are_asked_again() -> None:
     assert [r.attempts for r in results] == [1, 2]
 
 
-def test_backend_failure_is_a_counted_failure_not_a_score() -> None:
-    [result] = _judge(ScriptedBackend([], ok=False), max_retries=1).judge([("q", "a")])
+def test_backend_failure_is_marked_as_such_not_a_score() -> None:
+    backend = ScriptedBackend([], ok=False)
+    [result] = _judge(backend, max_retries=1).judge([("q", "a")])
     assert not result.parse_ok and result.rating is None
+    assert result.backend_failed and result.attempts == 1
+    assert backend.seen_temperatures == [0.0]  # not re-asked as if it were a parse failure
     assert "backend failed" in result.error and "500" in result.error
+    [parsed] = _judge(ScriptedBackend(["nope"]), max_retries=0).judge([("q", "a")])
+    assert not parsed.parse_ok and not parsed.backend_failed
 
 
 def test_numeric_mode_needs_no_critique() -> None:
@@ -106,3 +111,20 @@ def test_fixed_judge_disables_the_adapter(bundled: TransformersBackend) -> None:
         assert with_adapter != base  # a random, non-zero adapter changes the policy
     finally:
         model.unload()
+
+
+def test_judge_input_longer_than_the_context_is_cut_or_skipped() -> None:
+    backend = ScriptedBackend([])
+    backend.context_tokens = 600  # the base estimate: 1 token per 3 characters
+    judge = _judge(backend, max_new_tokens=48)
+    long_prompt = "start " + "word " * 2000 + "the question?"
+    items = [("short?", "an answer"), (long_prompt, "an answer")]
+    (short, short_cut), (fitted, cut) = judge.fit(items, "truncate")
+    assert short == items[0] and not short_cut
+    assert cut and fitted[1] == "an answer"  # the response is never cut
+    assert fitted[0].startswith("start") and fitted[0].endswith("the question?")
+    assert backend.count_tokens(judge._messages(*fitted), "Missing:") <= 600 - 48 - 8
+    assert judge.fit(items, "skip")[1] == (None, False)
+    assert judge.fit(items, "truncate", max_input_tokens=100000)[1][1]  # context still binds
+    backend.context_tokens = None
+    assert judge.fit(items, "truncate") == [(item, False) for item in items]

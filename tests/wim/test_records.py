@@ -232,3 +232,51 @@ def test_claim_accepts_a_zeta_change(tmp_path):
 def test_load_config_of_an_empty_folder(tmp_path):
     with pytest.raises(RunDirError, match="no resolved_config.yaml"):
         RunDir(tmp_path).load_config()
+
+
+def test_disk_full_mid_append_keeps_the_records_already_written(tmp_path, monkeypatch) -> None:
+    import errno
+
+    import pytest
+
+    from wim.records import JsonlAppender, StorageError, read_records
+
+    path = tmp_path / "samples.jsonl"
+    with JsonlAppender(path) as out:
+        out.write_all([{"prompt_id": "a", "sample_idx": 0}])
+        real_write = out._file.write
+
+        def half_then_full(data):  # a real partial write, then the disk is full
+            real_write(bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(out._file, "write", half_then_full)
+        with pytest.raises(StorageError) as info:
+            out.write({"prompt_id": "b", "sample_idx": 0})
+    message = str(info.value)
+    assert str(path) in message and "disk is full" in message and "run the same command" in message
+    assert read_records(path) == [{"prompt_id": "a", "sample_idx": 0}]
+    with JsonlAppender(path) as out:  # the next run cuts the torn line and goes on
+        out.write_all([{"prompt_id": "b", "sample_idx": 0}])
+    assert [r["prompt_id"] for r in read_records(path)] == ["a", "b"]
+
+
+def test_disk_full_while_replacing_a_derived_file_keeps_the_old_one(tmp_path, monkeypatch) -> None:
+    import errno
+    import os
+
+    import pytest
+
+    from wim.records import StorageError, read_records, write_records_atomic
+
+    path = tmp_path / "scores.jsonl"
+    write_records_atomic(path, [{"prompt_id": "a", "sample_idx": 0}])
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StorageError, match="disk is full"):
+        write_records_atomic(path, [{"prompt_id": "z", "sample_idx": 9}])
+    assert read_records(path) == [{"prompt_id": "a", "sample_idx": 0}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.jsonl"]

@@ -32,5 +32,5 @@ def open_backend(kind: str, model: str, cfg, batch_size: int = 8) -> Backend:
         h = cfg.http
         return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
                            concurrency=h.concurrency, timeout_s=h.timeout_s,
-                           max_retries=h.max_retries)
+                           max_retries=h.max_retries, context_tokens=h.context_tokens)
     raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")

@@ -46,6 +46,14 @@ class Backend(ABC):
     supports_prefill: bool = False
     #: True when the backend honours `SamplingParams.guide_label`.
     supports_guide: bool = False
+    #: Tokens the model attends to (prompt + generated); None when unknown (inputs unchecked).
+    context_tokens: int | None = None
+
+    def count_tokens(self, conversation: Conversation, prefill: str | None = None) -> int:
+        """Prompt tokens of a conversation. This default, for backends without a tokenizer,
+        estimates on the safe side: one token per 3 characters, plus a few per message."""
+        chars = sum(len(m["content"]) for m in conversation) + len(prefill or "")
+        return -(-chars // 3) + 8 * len(conversation)
 
     @abstractmethod
     def generate(

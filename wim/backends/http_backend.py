@@ -48,6 +48,7 @@ class HTTPBackend(Backend):
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
+        context_tokens: int | None = None,
     ) -> None:
         import httpx
 
@@ -67,6 +68,7 @@ class HTTPBackend(Backend):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.context_tokens = context_tokens  # prompts are measured with the base estimate
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
         self._lock = threading.Lock()
         self._next = 0

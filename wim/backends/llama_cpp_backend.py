@@ -96,6 +96,14 @@ class LlamaCppBackend(Backend):
         )
         return cls(llama, label=name)
 
+    @property
+    def context_tokens(self) -> int:
+        return int(self.llama.n_ctx())
+
+    def count_tokens(self, conversation: Conversation, prefill: str | None = None) -> int:
+        text = self.render(conversation, prefill)
+        return len(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
     def render(self, conversation: Conversation, prefill: str | None = None) -> str:
         """The prompt text: chat template with the generation prompt, then the prefill."""
         text = self._formatter(messages=conversation).prompt

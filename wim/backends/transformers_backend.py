@@ -44,6 +44,19 @@ class TransformersBackend(Backend):
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True)
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The model's position limit (`max_position_embeddings`), or the tokenizer's
+        `model_max_length` when that is smaller and set."""
+        limits = [getattr(self.model.config, "max_position_embeddings", None),
+                  getattr(self.tokenizer, "model_max_length", None)]
+        limits = [int(x) for x in limits if x and x < 10_000_000]  # 1e30 means "not set"
+        return min(limits) if limits else None
+
+    def count_tokens(self, conversation: Conversation, prefill: str | None = None) -> int:
+        text = self.render(conversation, prefill)
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
     def render(self, conversation: Conversation, prefill: str | None = None) -> str:
         text = self.tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=True
@@ -59,8 +72,8 @@ class TransformersBackend(Backend):
         # Sort by length so each batch holds similar lengths and little padding.
         order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
         results: list[list[Completion] | None] = [None] * len(texts)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for start, end in length_groups([lengths[i] for i in order], self.batch_size):
+            idx = order[start:end]
             torch.manual_seed(seed + start)
             batch = self._generate_batch([texts[i] for i in idx], params, n)
             for i, completions in zip(idx, batch, strict=True):
@@ -106,6 +119,21 @@ class TransformersBackend(Backend):
                 completions.append(Completion(text, prompt_tokens, count))
             results.append(completions)
         return results
+
+
+def length_groups(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
+    """[start, end) batches over ascending `lengths`: at most `batch_size` each, and a new
+    batch whenever a prompt is over twice as long as the batch's first (shortest) one, so an
+    outlier pays its own padding instead of making its neighbours pad to its length."""
+    groups, start = [], 0
+    for i, length in enumerate(lengths):
+        first = lengths[start]
+        if i > start and (i - start >= batch_size or length > max(2 * first, first + 64)):
+            groups.append((start, i))
+            start = i
+    if lengths:
+        groups.append((start, len(lengths)))
+    return groups
 
 
 def _count_generated(ids, tokenizer) -> int:

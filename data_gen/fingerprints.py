@@ -1,0 +1,102 @@
+"""Stage fingerprints: finished work is not redone.
+
+After a stage finishes, `stats/<stage>.json` gets a `fingerprint`: the sha256 of what the stage
+read (its config sections, the shard, the prompts, the sha256 of each input file) and the sha256
+of each file it wrote. When the same stage is asked for again and both still match, it is
+skipped: the inputs and config are unchanged and nobody touched its outputs. A stage that lost
+records to backend failures is never fingerprinted, so the next run retries it. Any change
+upstream changes an input hash downstream, so exactly the stages that depend on it run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from wim.config import Config
+from wim.records import storage_error
+from wim.rundir import RunDir, identity
+
+_STATS = ("stats/generate.json", "stats/judge.json", "stats/score.json", "stats/pairs.json",
+          "stats/train.json")
+# stage: (config sections beyond the run identity, input files, output files)
+STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "generate": ((), (), ("samples.jsonl",)),
+    "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
+    "score": (("scoring",), ("judgements.jsonl",), ("scores.jsonl",)),
+    "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
+    "train": (("lora", "dpo", "wandb"), ("pairs.jsonl",),
+              ("train/adapter/adapter_model.safetensors",)),
+    "report": (("scoring", "pairs", "wandb"), ("judgements.jsonl", "scores.jsonl", *_STATS),
+               ("report.json", "report.md", "report.html")),
+}
+
+
+def file_sha256(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prompts_sha256(prompts) -> str:
+    data = [(p.id, p.domain, list(p.messages)) for p in prompts]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
+                      prompts_sha: str | None) -> str:
+    """sha256 of everything `stage` reads: config, shard, prompts, input files."""
+    sections, inputs, _ = STAGE_FILES[stage]
+    data = cfg.to_dict()
+    what = {
+        "stage": stage,
+        "identity": identity(cfg),
+        "sections": {name: data[name] for name in sections},
+        "shard": shard,
+        "prompts": prompts_sha if stage in ("generate", "judge") else None,
+        "inputs": {name: file_sha256(run.file(name)) for name in inputs},
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:
+    return {name: file_sha256(run.file(name)) for name in STAGE_FILES[stage][2]}
+
+
+def _stats_path(run: RunDir, stage: str) -> Path:
+    return run.file("stats") / f"{stage}.json"
+
+
+def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] | None:
+    """The saved stats of `stage` when it finished with this input fingerprint and its
+    outputs are untouched since; None when it must run."""
+    path = _stats_path(run, stage)
+    try:
+        stats = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    saved = stats.pop("fingerprint", None) or {}
+    outputs = _outputs(run, stage)
+    if saved.get("inputs") != fingerprint or saved.get("outputs") != outputs:
+        return None
+    if any(v is None for v in outputs.values()):
+        return None
+    return stats
+
+
+def record_finished(run: RunDir, stage: str, fingerprint: str) -> None:
+    """Add the fingerprint to `stats/<stage>.json` (created for stages without stats)."""
+    path = _stats_path(run, stage)
+    try:
+        stats = json.loads(path.read_text()) if path.exists() else {}
+        stats["fingerprint"] = {"inputs": fingerprint, "outputs": _outputs(run, stage)}
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(stats, indent=2))
+    except OSError as err:
+        raise storage_error(err, path) from None

@@ -1,0 +1,112 @@
+"""The run directory under real accidents, end to end with the real CLI and bundled models:
+two commands at once, a rerun of a finished run, a killed training, an overlong prompt."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
+
+from wim.records import read_keyed
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen([sys.executable, "-m", "wim", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_two_identical_runs_at_once_one_runs_the_other_fails_at_once(tmp_path: Path) -> None:
+    out = tmp_path / "fresh"
+    cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+           *sets([*SHRUNK, "prompts.limit=2"])]
+    procs = [_start(cmd), _start(cmd)]
+    start = time.monotonic()
+    loser = None
+    while loser is None:  # the loser must end long before the winner has generated anything
+        loser = next((p for p in procs if p.poll() is not None), None)
+        assert time.monotonic() - start < 120
+        time.sleep(0.05)
+    loser_seconds = time.monotonic() - start
+    [winner] = [p for p in procs if p is not loser]
+    winner_out, winner_err = winner.communicate(timeout=900)
+    loser_err = loser.stderr.read()
+    assert winner.returncode == 0, winner_err[-3000:]
+    assert loser.returncode == 2 and "Traceback" not in loser_err
+    assert f"in use by process {winner.pid}" in loser_err
+    assert loser_seconds < 60
+    for name in ("samples.jsonl", "judgements.jsonl", "scores.jsonl"):
+        records = read_keyed(out / name)  # raises if any key appears twice
+        assert len(records) == 4, name
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, list[str]]:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cmd = ["run", str(QUICKSTART), "--out", str(out), "--no-progress", *sets(SHRUNK)]
+    run_wim(cmd)
+    return out, cmd
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_redoes_nothing(finished, tmp_path: Path) -> None:
+    original, cmd = finished
+    out = tmp_path / "again"
+    shutil.copytree(original, out)
+    cmd = [out if arg == str(original) else arg for arg in cmd]
+    adapter = out / "train" / "adapter" / "adapter_model.safetensors"
+    before = {p: _sha(p) for p in out.rglob("*.jsonl")} | {adapter: _sha(adapter)}
+    start = time.monotonic()
+    proc = run_wim([str(a) for a in cmd])
+    seconds = time.monotonic() - start
+    assert "skipped" in proc.stderr
+    for stage in ("generate", "judge", "score", "pairs", "train", "report"):
+        assert f"stage {stage}: config and inputs unchanged" in proc.stderr
+    assert {p: _sha(p) for p in before} == before  # the adapter is the same file
+    assert seconds < 30, seconds  # no model is loaded (a run takes minutes)
+    # A downstream change reruns only what depends on it: the pairs, training and report.
+    proc = run_wim(["pairs", str(out), "--set", "pairs.strategy=best_vs_random"])
+    assert "stage pairs: config and inputs unchanged" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_its_last_checkpoint(finished, tmp_path: Path) -> None:
+    original, _ = finished
+    out = tmp_path / "train"
+    shutil.copytree(original, out)
+    shutil.rmtree(out / "train")  # its checkpoint-2 (the end of that 2-step run) would fool us
+    cmd = ["train", str(out), "--no-progress", "--set", "dpo.max_steps=4",
+           "--set", "dpo.save_steps=2"]
+    proc = _start(cmd)
+    state = out / "train" / "trainer" / "checkpoint-2" / "trainer_state.json"
+    deadline = time.monotonic() + 600
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert state.exists() and not (out / "train" / "trainer" / "checkpoint-4").exists()
+    run_wim(cmd)
+    metrics = json.loads((out / "train" / "metrics.json").read_text())
+    assert metrics["train/resumed_from_step"] == 2 and metrics["train/steps"] == 4
+    history = json.loads((out / "train" / "log_history.json").read_text())
+    assert [h["step"] for h in history if "loss" in h] == [1, 2, 3, 4]
+    assert metrics["train/lora_delta_norm"] > 0
+    # Another config never resumes those checkpoints: it starts over.
+    run_wim(["train", str(out), "--no-progress", "--set", "dpo.max_steps=2",
+             "--set", "dpo.save_steps=2"])
+    metrics = json.loads((out / "train" / "metrics.json").read_text())
+    assert metrics["train/resumed_from_step"] == 0 and metrics["train/steps"] == 2
