@@ -13,12 +13,12 @@ from conftest import QUICKSTART, SHRUNK, http_overrides, run_wim, sets
 from wim.context import CUT_MARKER
 from wim.records import read_keyed
 
-LONG = "Please read this carefully. " + "The committee met again and said little. " * 470 + \
+LONG = "Please read this carefully. " + "The committee met again and said little. " * 490 + \
     "So, what did the committee decide?"
 
 
 def _prompts(tmp_path: Path) -> Path:
-    assert len(LONG) > 19_000
+    assert len(LONG) > 20_000
     rows = [{"id": "long", "domain": "x", "prompt": LONG},
             {"id": "a", "domain": "x", "prompt": "Why is the sky blue?"},
             {"id": "b", "domain": "y", "prompt": "What is a prime number?"},
