@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from wim.config import ConfigError, apply_overrides, config_from_dict, read_yaml
+from wim.errors import WimError
 
 STAGE_COMMANDS = {
     "generate": "sample k responses per prompt from the policy (samples.jsonl)",
@@ -80,25 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         print("wim: interrupted; finished records are kept, run the same command to resume.",
               file=sys.stderr)
         return 130
-    except Exception as err:  # our own errors get one paragraph; anything else is a bug
-        if not _is_user_error(err):
-            raise
+    except WimError as err:  # the user's to fix: one paragraph; anything else keeps its traceback
         print(f"wim: error: {err}", file=sys.stderr)
         return 2
-
-
-def _is_user_error(err: Exception) -> bool:
-    from wim.models import ModelNotFoundError
-    from wim.prompts import PromptsError
-    from wim.records import RecordsError
-    from wim.rundir import RunDirError
-
-    return isinstance(err, (ConfigError, RunDirError, PromptsError, RecordsError,
-                            ModelNotFoundError, UserFacingError))
-
-
-class UserFacingError(RuntimeError):
-    pass
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -116,10 +101,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     cfg, out = resolve(args)
     if args.shard is None and Path(args.source).is_dir():
         args.shard = RunDir(out).shard() if out == Path(args.source) else None
-    try:
-        shard = Shard.parse(args.shard)
-    except ValueError as err:
-        raise UserFacingError(str(err)) from None
+    shard = Shard.parse(args.shard)
     if args.command == "run":
         stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
     else:
@@ -129,14 +111,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         resources.prompts()  # a bad prompts file fails before the run directory is touched
     run = RunDir(out)
     run.claim(cfg, str(shard) if shard else None)
-    try:
-        result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
-                            resources=resources)
-    except ValueError as err:
-        if args.verbose:
-            raise
-        # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
-        raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
+    result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
+                        resources=resources)
     run.save_config(cfg, str(shard) if shard else None)
     if "report" in stages:
         print(f"wrote {out / 'report.md'} and {out / 'report.json'}")

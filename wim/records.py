@@ -13,11 +13,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from wim.errors import WimError
+
 Key = tuple[str, int]
 
 
-class RecordsError(ValueError):
-    pass
+class RecordsError(WimError):
+    """A run's JSONL file is corrupt or holds a record that does not fit the contract."""
 
 
 def record_key(record: dict[str, Any]) -> Key:

@@ -17,13 +17,14 @@ from pathlib import Path
 import yaml
 
 from wim.config import Config, ConfigError, config_from_dict
+from wim.errors import WimError
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
 
 
-class RunDirError(RuntimeError):
+class RunDirError(WimError):
     pass
 
 
