@@ -52,7 +52,7 @@ def test_quickstart_loads_with_its_values():
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.prompts.limit is None
     # Fields not in the YAML keep their defaults.
-    assert cfg.pairs.tie_tolerance == 1e-9
+    assert cfg.pairs.tie_tolerance == 1e-6
     assert cfg.dpo.extra == {}
 
 

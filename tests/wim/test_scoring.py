@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from wim.embedders import Embedder
+from wim.errors import InputError
 from wim.scoring import mix_scores, rating_norm, score_judgements, similarities, to_ten_point
 
 PAIRS = [
@@ -154,7 +155,7 @@ def test_same_sample_idx_in_two_prompts_keeps_its_own_similarity(embedder):
 @pytest.mark.parametrize("zeta", [0.4, 1.0, 1e-6])
 def test_numeric_judgements_need_zeta_zero(embedder, zeta):
     judgements = [_judgement(0, "An answer.", None, 7), _judgement(1, "Another.", None, 2)]
-    with pytest.raises(ValueError, match="zeta"):
+    with pytest.raises(InputError, match="zeta"):
         score_judgements(judgements, embedder, zeta)
 
 
@@ -167,7 +168,7 @@ def test_numeric_judgements_at_zeta_zero(embedder):
 
 
 def test_wim_judgements_without_embedder_fail():
-    with pytest.raises(ValueError, match="embedder"):
+    with pytest.raises(InputError, match="embedder"):
         score_judgements([_judgement(0, *PAIRS[0])], None, 0.4)
 
 
