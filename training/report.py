@@ -40,6 +40,8 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["judge/mode"] = cfg.judge.mode
     report["policy/model"] = cfg.policy.model
     report["score/embedder"] = cfg.scoring.embedder
+    report["judge/prompt"] = cfg.judge.prompt
+    report["score/on_parse_failure"] = cfg.judge.on_parse_failure
     report["score/zeta"] = cfg.scoring.zeta
     return report
 
@@ -73,14 +75,17 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         "# WIM run report",
         "",
         f"Policy `{r['policy/model']}`; judge `{r['judge/model']}` (role {r['judge/role']}, "
-        f"mode {r['judge/mode']}); embedder `{r['score/embedder']}`.",
+        f"mode {r['judge/mode']}, prompt {r['judge/prompt']}); embedder `{r['score/embedder']}`.",
         "",
     ]
     if r["judge/model"] in SMALL_JUDGES:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     lines += [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking. "
+        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
+        f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
+        f"({_fmt(r.get('judge/echoed_rubric_rate'), True)} of all judgements). "
+        + _failure_sentence(r) +
         f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
         f"{r.get('pairs/ties_dropped', 0)}/"
         f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",
@@ -129,6 +134,15 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
     for plot in plots:
         lines += ["", f"![{plot}]({plot})"]
     return "\n".join(lines) + "\n"
+
+
+def _failure_sentence(r: dict[str, Any]) -> str:
+    if r.get("score/on_parse_failure") != "authors":
+        return "Failed judgements are left out of ranking. "
+    return (f"As in the authors' code, failed judgements are still scored: "
+            f"{r.get('score/fallback_rating', 0)} with an unparseable rating counted as "
+            f"rating_norm 0, {r.get('score/fallback_critique', 0)} without a critique scored by "
+            "the rating alone. ")
 
 
 def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:

@@ -117,7 +117,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if "report" in stages:
         print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
-                "judge/parse_fail_rate", "train/loss_first", "train/loss_last")
+                "judge/parse_fail_rate", "judge/echoed_rubric", "train/loss_first",
+                "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))

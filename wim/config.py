@@ -17,8 +17,10 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from wim.errors import WimError
 
-class ConfigError(ValueError):
+
+class ConfigError(WimError):
     """A config problem, described in one paragraph that says what to change."""
 
 
@@ -39,6 +41,11 @@ class PolicyConfig:
     """The policy that samples responses: `bundled:...`, a local folder or a hub id."""
     backend: str = "transformers"
     """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
+    adapter: str | None = None
+    """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) loaded onto `model` with
+    transformers' PEFT integration (`model.load_adapter`); transformers backend only. The
+    fixed judge then runs with the adapter disabled, the changing judge with it on. (`wim
+    train` still trains a fresh adapter on `model`.)"""
 
 
 @dataclass
@@ -46,8 +53,11 @@ class GenerationConfig:
     k: int = 2
     """Samples per prompt (at least 2, so that each prompt can give a pair)."""
     max_new_tokens: int = 64
+    """Most tokens a sampled response may have."""
     temperature: float = 0.8
+    """Sampling temperature of the policy (0 = greedy, which makes the k samples identical)."""
     top_p: float = 0.95
+    """Nucleus sampling: sample from the smallest token set whose probability reaches top_p."""
     batch_size: int = 8
     """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
     reproduce the same samples."""
@@ -62,7 +72,9 @@ class HTTPConfig:
     api_key_env: str = "WIM_API_KEY"
     """Environment variable holding the API key; the key itself never goes into a config."""
     concurrency: int = 8
+    """Requests in flight at once, over all URLs."""
     timeout_s: float = 60.0
+    """Seconds to wait for one reply before it counts as a timeout (and is retried)."""
     max_retries: int = 4
     """Retries with exponential backoff on timeouts, 429 and 5xx."""
 
@@ -78,6 +90,17 @@ class JudgeConfig:
     """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
     mode: str = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
+    prompt: str = "ours"
+    """Judge prompt and output format. `ours`: "Missing: ...\\nRating: N", a small judge is
+    walked through it (wim/data/judge_prompt.txt). `authors`: the WIM authors' structure in our
+    own words: a short explanation, the rating as `[[N]]`, then what is missing as `[[[...]]]`
+    (`[[[]]]` when nothing is), instructions in the system turn (judge_prompt_authors.txt).
+    The parser reads both formats."""
+    on_parse_failure: str = "exclude"
+    """`exclude`: a judgement that fails to parse (after retries) gets no score and stays out of
+    ranking. `authors` (the authors' code): an unparseable rating counts as rating_norm 0 (the
+    midpoint) and a missing critique makes the score the rating alone; both are counted in the
+    report (`score/fallback_rating`, `score/fallback_critique`)."""
     criteria: str = (
         "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
         "would include"
@@ -86,10 +109,13 @@ class JudgeConfig:
     instructions_in: str = "system"
     """Where the judge instructions go: `system` or `user` message."""
     max_new_tokens: int = 64
+    """Most tokens the judge may write per judgement (critique and rating together)."""
     max_retries: int = 2
     """Re-ask a judge whose output fails to parse this many times (sampling, new seed)."""
     retry_temperature: float = 0.7
+    """Sampling temperature of the retries (the first attempt is greedy)."""
     batch_size: int = 8
+    """Judgements per batch for a local judge."""
 
 
 @dataclass
@@ -97,10 +123,12 @@ class ScoringConfig:
     zeta: float = 0.4
     """score = (1 - zeta) * rating_norm + zeta * similarity; 1 = pure WIM, 0 = pure numeric."""
     embedder: str = "bundled:all-minilm-l6-v2"
-    """sentence-transformers model E (paper: all-mpnet-base-v2)."""
+    """sentence-transformers model E: `bundled:all-minilm-l6-v2` (fast), `bundled:all-mpnet-base-v2`
+    (the authors' choice, about 6x slower on CPU), a local folder or a hub id."""
     report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
     """zetas reported side by side (all from one judging pass)."""
     batch_size: int = 64
+    """Texts per embedder batch."""
 
 
 @dataclass
@@ -111,16 +139,24 @@ class PairsConfig:
     tie_policy: str = "drop"
     """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
     at `random`."""
-    tie_tolerance: float = 1e-9
-    """Scores closer than this are a tie."""
+    tie_tolerance: float = 1e-6
+    """Two samples tie when their scores differ by at most this much on the 1-10 scale
+    (`x * 5 + 5`, so 0.5 here is 0.1 on the raw [-1, 1] score). One rule for the pairs and the
+    report's tie rates and agreement."""
 
 
 @dataclass
 class LoraConfig:
+    """The LoRA adapter DPO trains (peft.LoraConfig)."""
+
     r: int = 8
+    """Rank of the low-rank update."""
     alpha: int = 16
+    """Scaling numerator: the update is scaled by alpha / r."""
     dropout: float = 0.0
+    """Dropout on the adapter's input during training."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Names of the linear layers that get an adapter."""
 
 
 @dataclass
@@ -128,19 +164,29 @@ class DPOSection:
     """Passed to `trl.DPOConfig` (plus `extra` for any other DPOConfig field)."""
 
     learning_rate: float = 5e-5
+    """Peak learning rate of the adapter weights."""
     beta: float = 0.1
+    """DPO beta: how far the policy may move from the reference (larger = closer)."""
     max_steps: int = 8
+    """Optimizer steps to train."""
     per_device_train_batch_size: int = 4
+    """Pairs per step (before gradient accumulation)."""
     gradient_accumulation_steps: int = 1
+    """Steps whose gradients are summed before one optimizer update."""
     max_length: int = 256
+    """Most tokens of prompt plus response; longer pairs are truncated."""
     logging_steps: int = 1
+    """Log the loss every this many steps."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Any other trl.DPOConfig field, by its name (checked against the installed TRL)."""
 
 
 @dataclass
 class WandbConfig:
     enabled: bool = False
+    """Log training and the report's metrics to Weights & Biases."""
     project: str = "wim"
+    """The wandb project name."""
 
 
 @dataclass
@@ -151,18 +197,32 @@ class ExportConfig:
 
 @dataclass
 class Config:
+    """One experiment: every section of the YAML file."""
+
     seed: int = 0
+    """Seeds sampling, judging retries, random tie-breaks and training."""
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    """Which prompts to sample for."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The model that samples responses (and is trained)."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """How the policy samples k responses per prompt."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Who judges each response, and how."""
     http: HTTPConfig = field(default_factory=HTTPConfig)
+    """OpenAI-compatible endpoints, for any backend set to `http`."""
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    """The WIM score formula and its embedder."""
     pairs: PairsConfig = field(default_factory=PairsConfig)
+    """How scored samples become chosen/rejected pairs."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    """The LoRA adapter DPO trains."""
     dpo: DPOSection = field(default_factory=DPOSection)
+    """TRL DPO training settings."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)
+    """Where the pairs dataset is also published."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -181,6 +241,8 @@ _CHOICES = {
     "judge.role": ("fixed", "changing", "external"),
     "judge.mode": ("wim", "numeric"),
     "judge.instructions_in": ("system", "user"),
+    "judge.prompt": ("ours", "authors"),
+    "judge.on_parse_failure": ("exclude", "authors"),
     "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
     "pairs.tie_policy": ("drop", "first", "random"),
 }
@@ -229,6 +291,15 @@ def validate(cfg: Config, source: str = "config") -> None:
         fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
+    if cfg.judge.prompt == "authors" and cfg.judge.mode != "wim":
+        fail("judge.prompt", "be 'ours' when judge.mode is 'numeric' (the authors' prompt asks "
+             "for a critique; their numeric baseline is scoring.zeta 0 on the WIM pass)",
+             cfg.judge.prompt)
+    if cfg.pairs.tie_tolerance < 0:
+        fail("pairs.tie_tolerance", "be >= 0", cfg.pairs.tie_tolerance)
+    if cfg.policy.adapter and cfg.policy.backend != "transformers":
+        fail("policy.adapter", "be null unless policy.backend is 'transformers'",
+             cfg.policy.adapter)
     if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
         fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
     uses_http = cfg.policy.backend == "http" or (

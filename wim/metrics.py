@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from wim.pairs import group_by_prompt
+from wim.parsing import ECHOED_RUBRIC
 from wim.scoring import is_tie, mix_scores, to_ten_point
 
 
@@ -105,10 +106,13 @@ def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
     failed = sum(not j["parse_ok"] for j in judgements)
     retried = sum(j.get("attempts", 1) > 1 for j in judgements)
     nothing = sum(j["parse_ok"] and j.get("critique") == "" for j in judgements)
+    echoed = sum(ECHOED_RUBRIC in (j.get("parse_error") or "") for j in judgements)
     return {
         "judge/count": n,
         "judge/parse_failed": failed,
         "judge/parse_fail_rate": failed / n if n else math.nan,
+        "judge/echoed_rubric": echoed,
+        "judge/echoed_rubric_rate": echoed / n if n else math.nan,
         "judge/retried": retried,
         "judge/nothing_missing_rate": nothing / n if n else math.nan,
     }

@@ -35,12 +35,26 @@ class TransformersBackend(Backend):
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def load(cls, name: str, batch_size: int = 8) -> TransformersBackend:
-        model, tokenizer = load_causal_lm(name)
+    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None
+             ) -> TransformersBackend:
+        """Load `name` (and attach the LoRA `adapter` folder, if given) through
+        `wim.models.load_causal_lm`, the same path the pipeline uses."""
+        model, tokenizer = load_causal_lm(name, adapter=adapter)
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
-        """The same weights with any LoRA adapter disabled: the frozen reference, no copy."""
+        """The same weights with any LoRA adapter disabled: the frozen reference, no copy.
+
+        Works for a peft `PeftModel` and for an adapter attached with transformers' PEFT
+        integration (`load_adapter`); a model with LoRA layers that neither can switch off is
+        refused rather than silently judged with the adapter on.
+        """
+        if not _can_switch_adapters(self.model) and _has_lora_layers(self.model):
+            raise RuntimeError(
+                "the policy carries LoRA layers that can be switched off neither by peft's "
+                "disable_adapter() nor by transformers' disable_adapters(); a fixed judge "
+                "would judge with the adapter on"
+            )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True)
 
@@ -89,8 +103,8 @@ class TransformersBackend(Backend):
                                 label=params.guide_label,
                                 max_critique_tokens=max(1, params.max_new_tokens - 6))
             kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
-        adapter_off = getattr(self.model, "disable_adapter", None) if self.without_adapter else None
-        with torch.inference_mode(), (adapter_off() if adapter_off else contextlib.nullcontext()):
+        adapter_off = adapters_off(self.model) if self.without_adapter else contextlib.nullcontext()
+        with torch.inference_mode(), adapter_off:
             out = self.model.generate(**enc, **kwargs)
         prompt_len = enc.input_ids.shape[1]
         new = out[:, prompt_len:]
@@ -106,6 +120,36 @@ class TransformersBackend(Backend):
                 completions.append(Completion(text, prompt_tokens, count))
             results.append(completions)
         return results
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """Run the block with every LoRA adapter of `model` disabled, then switch them back on.
+
+    Two ways a model carries an adapter: a peft `PeftModel` (context `disable_adapter()`), or a
+    transformers model with an adapter attached by its PEFT integration (`load_adapter`), which
+    offers `disable_adapters()` / `enable_adapters()` instead.
+    """
+    if callable(getattr(model, "disable_adapter", None)):
+        with model.disable_adapter():
+            yield
+    elif getattr(model, "_hf_peft_config_loaded", False):
+        model.disable_adapters()
+        try:
+            yield
+        finally:
+            model.enable_adapters()
+    else:
+        yield
+
+
+def _can_switch_adapters(model) -> bool:
+    return callable(getattr(model, "disable_adapter", None)) or bool(
+        getattr(model, "_hf_peft_config_loaded", False))
+
+
+def _has_lora_layers(model) -> bool:
+    return any("lora_" in name for name, _ in model.named_modules())
 
 
 def _count_generated(ids, tokenizer) -> int:
