@@ -25,6 +25,18 @@ SHRUNK = [
 ]
 
 
+# Fixtures that load a real model or start a server: every test using one is marked `slow` here,
+# so the marking cannot drift. Tests that load a model inline carry the mark themselves.
+REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished_run",
+                       "reference_run", "trained_adapter"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def sets(overrides: list[str]) -> list[str]:
     out = []
     for item in overrides:

@@ -52,3 +52,26 @@ def test_bad_judgement_record_names_file_record_and_key(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "judgements.jsonl, record 2" in proc.stderr and "'rating'" in proc.stderr
     assert not (out / "scores.jsonl").exists()
+
+
+def test_authors_fallback_scores_and_counts_failed_parses(tmp_path: Path) -> None:
+    """judge.on_parse_failure=authors, switched on for existing judgements by `wim score`:
+    an unparseable rating counts as rating_norm 0, a missing critique leaves the rating alone."""
+    judgements = [
+        _judgement(0, "None", 9),
+        {**_judgement(1, None, 8, parse_ok=False), "parse_error": "echoed rubric"},
+        {**_judgement(2, "", None, parse_ok=False), "parse_error": "no rating found"},
+        {**_judgement(3, None, None, parse_ok=False), "parse_error": "no rating found"},
+    ]
+    out = _run_with(tmp_path, judgements)
+    run_wim(["score", str(out)])  # the default, exclude: failed parses get no score
+    assert [r["score"] for r in read_records(out / "scores.jsonl")][1:] == [None] * 3
+    run_wim(["score", str(out), "--set", "judge.on_parse_failure=authors",
+             "--set", "scoring.zeta=0.4"])
+    scores = read_records(out / "scores.jsonl")
+    expected = [0.6 * 0.8 + 0.4, 0.6, 0.4 * 1.0, 0.0]
+    assert [r["score"] for r in scores] == pytest.approx(expected, abs=1e-9)
+    assert [r.get("fallback") for r in scores] == [None, "critique", "rating",
+                                                   "rating+critique"]
+    stats = json.loads((out / "stats" / "score.json").read_text())
+    assert stats["score/fallback_rating"] == 2 and stats["score/fallback_critique"] == 2

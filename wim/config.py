@@ -227,11 +227,16 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def sha256(self, sections: tuple[str, ...] | None = None) -> str:
-        """sha256 of the sorted-key config (or of some sections only)."""
+    def sha256(self, sections: tuple[str, ...] | None = None,
+               drop: tuple[str, ...] = ()) -> str:
+        """sha256 of the sorted-key config (or of some sections only, without the dotted
+        `drop` keys)."""
         data = self.to_dict()
         if sections is not None:
             data = {k: data[k] for k in sections}
+        for key in drop:
+            section, name = key.split(".")
+            data.get(section, {}).pop(name, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -20,6 +20,8 @@ from wim.config import Config, ConfigError, config_from_dict
 from wim.errors import WimError
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
+# Keys inside the data sections that only change how existing judgements are scored.
+SCORING_KEYS = ("judge.on_parse_failure",)
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
 
@@ -81,8 +83,11 @@ class RunDir:
         meta = self.read_meta()
         if meta is not None:
             old = config_from_dict(meta["config"], source=str(self.config_file))
-            if old.sha256(DATA_SECTIONS) != cfg.sha256(DATA_SECTIONS) or meta.get("shard") != shard:
-                changed = _changed_keys(old.to_dict(), cfg.to_dict(), DATA_SECTIONS)
+            same = (old.sha256(DATA_SECTIONS, SCORING_KEYS)
+                    == cfg.sha256(DATA_SECTIONS, SCORING_KEYS))
+            if not same or meta.get("shard") != shard:
+                changed = [k for k in _changed_keys(old.to_dict(), cfg.to_dict(), DATA_SECTIONS)
+                           if k not in SCORING_KEYS]
                 if meta.get("shard") != shard:
                     changed.append(f"shard ({meta.get('shard')} -> {shard})")
                 raise RunDirError(
@@ -101,7 +106,7 @@ class RunDir:
         meta = {
             "config": cfg.to_dict(),
             "sha256": cfg.sha256(),
-            "data_sha256": cfg.sha256(DATA_SECTIONS),
+            "data_sha256": cfg.sha256(DATA_SECTIONS, SCORING_KEYS),
             "shard": shard,
             "versions": package_versions(),
             "git_sha": git_sha(),

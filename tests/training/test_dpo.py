@@ -59,6 +59,7 @@ def small_config() -> Config:
     return cfg
 
 
+@pytest.mark.slow
 def test_train_dpo_saves_adapter_and_metrics(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     write_pairs(pairs)

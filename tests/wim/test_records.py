@@ -18,7 +18,7 @@ from wim.records import (
     record_key,
     write_records_atomic,
 )
-from wim.rundir import DATA_SECTIONS, RunDir, RunDirError
+from wim.rundir import DATA_SECTIONS, SCORING_KEYS, RunDir, RunDirError
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 
@@ -166,7 +166,7 @@ def test_claim_creates_folder_and_saves_config(tmp_path):
     run.claim(cfg)
     meta = yaml.safe_load(run.config_file.read_text())
     assert meta["sha256"] == cfg.sha256()
-    assert meta["data_sha256"] == cfg.sha256(DATA_SECTIONS)
+    assert meta["data_sha256"] == cfg.sha256(DATA_SECTIONS, SCORING_KEYS)
     assert meta["shard"] is None
     assert "versions" in meta and "git_sha" in meta
     assert run.load_config() == cfg
