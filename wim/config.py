@@ -42,10 +42,9 @@ class PolicyConfig:
     backend: str = "transformers"
     """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
     adapter: str | None = None
-    """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) loaded onto `model` with
-    transformers' PEFT integration (`model.load_adapter`); transformers backend only. The
-    fixed judge then runs with the adapter disabled, the changing judge with it on. (`wim
-    train` still trains a fresh adapter on `model`.)"""
+    """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
+    `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
+    without it. `wim train` still trains a fresh adapter on `model`."""
 
 
 @dataclass
@@ -91,16 +90,13 @@ class JudgeConfig:
     mode: str = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
     prompt: str = "ours"
-    """Judge prompt and output format. `ours`: "Missing: ...\\nRating: N", a small judge is
-    walked through it (wim/data/judge_prompt.txt). `authors`: the WIM authors' structure in our
-    own words: a short explanation, the rating as `[[N]]`, then what is missing as `[[[...]]]`
-    (`[[[]]]` when nothing is), instructions in the system turn (judge_prompt_authors.txt).
-    The parser reads both formats."""
+    """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`: the
+    WIM authors' structure in our words: a short explanation, `[[N]]`, then what is missing as
+    `[[[...]]]` (`[[[]]]` = nothing), instructions in the system turn. Both are parsed."""
     on_parse_failure: str = "exclude"
-    """`exclude`: a judgement that fails to parse (after retries) gets no score and stays out of
-    ranking. `authors` (the authors' code): an unparseable rating counts as rating_norm 0 (the
-    midpoint) and a missing critique makes the score the rating alone; both are counted in the
-    report (`score/fallback_rating`, `score/fallback_critique`)."""
+    """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors` (their
+    code): an unparseable rating counts as rating_norm 0, a missing critique leaves the rating
+    alone as the score; both counted (`score/fallback_rating`, `score/fallback_critique`)."""
     criteria: str = (
         "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
         "would include"
@@ -140,9 +136,8 @@ class PairsConfig:
     """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
     at `random`."""
     tie_tolerance: float = 1e-6
-    """Two samples tie when their scores differ by at most this much on the 1-10 scale
-    (`x * 5 + 5`, so 0.5 here is 0.1 on the raw [-1, 1] score). One rule for the pairs and the
-    report's tie rates and agreement."""
+    """Two samples tie when their scores differ by at most this on the 1-10 scale (`x * 5 + 5`:
+    0.5 here is 0.1 on the raw [-1, 1] score). One rule for the pairs and the report."""
 
 
 @dataclass
@@ -227,10 +222,8 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def sha256(self, sections: tuple[str, ...] | None = None,
-               drop: tuple[str, ...] = ()) -> str:
-        """sha256 of the sorted-key config (or of some sections only, without the dotted
-        `drop` keys)."""
+    def sha256(self, sections: tuple[str, ...] | None = None, drop: tuple[str, ...] = ()) -> str:
+        """sha256 of the sorted-key config (or of some sections, without the dotted `drop` keys)."""
         data = self.to_dict()
         if sections is not None:
             data = {k: data[k] for k in sections}
@@ -253,6 +246,16 @@ _CHOICES = {
 }
 
 
+_POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
+             "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
+             "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate")
+
+
+def _get(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
 def validate(cfg: Config, source: str = "config") -> None:
     """Check ranges and choices; raise ConfigError naming the key and what is expected."""
 
@@ -260,10 +263,8 @@ def validate(cfg: Config, source: str = "config") -> None:
         raise ConfigError(f"{source}: '{key}' must {expected}, got {value!r}.")
 
     for key, choices in _CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            fail(key, "be one of " + ", ".join(choices), value)
+        if _get(cfg, key) not in choices:
+            fail(key, "be one of " + ", ".join(choices), _get(cfg, key))
     if not 0.0 <= cfg.scoring.zeta <= 1.0:
         fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
     for z in cfg.scoring.report_zetas:
@@ -272,22 +273,9 @@ def validate(cfg: Config, source: str = "config") -> None:
     if cfg.generation.k < 2:
         fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
              cfg.generation.k)
-    positive = {
-        "generation.max_new_tokens": cfg.generation.max_new_tokens,
-        "generation.batch_size": cfg.generation.batch_size,
-        "judge.max_new_tokens": cfg.judge.max_new_tokens,
-        "judge.batch_size": cfg.judge.batch_size,
-        "scoring.batch_size": cfg.scoring.batch_size,
-        "http.concurrency": cfg.http.concurrency,
-        "lora.r": cfg.lora.r,
-        "dpo.per_device_train_batch_size": cfg.dpo.per_device_train_batch_size,
-        "dpo.max_steps": cfg.dpo.max_steps,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            fail(key, "be positive", value)
-    if cfg.dpo.learning_rate <= 0:
-        fail("dpo.learning_rate", "be positive", cfg.dpo.learning_rate)
+    for key in _POSITIVE:
+        if _get(cfg, key) <= 0:
+            fail(key, "be positive", _get(cfg, key))
     if cfg.generation.temperature < 0:
         fail("generation.temperature", "be >= 0", cfg.generation.temperature)
     if not 0.0 < cfg.generation.top_p <= 1.0:
@@ -296,6 +284,11 @@ def validate(cfg: Config, source: str = "config") -> None:
         fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
+    _validate_combinations(cfg, fail)
+
+
+def _validate_combinations(cfg: Config, fail) -> None:
+    """Values that are fine alone but not together."""
     if cfg.judge.prompt == "authors" and cfg.judge.mode != "wim":
         fail("judge.prompt", "be 'ours' when judge.mode is 'numeric' (the authors' prompt asks "
              "for a critique; their numeric baseline is scoring.zeta 0 on the WIM pass)",
@@ -342,14 +335,10 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         raise ConfigError(f"{source}: '{key}' may not be null.")
     base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
     origin = get_origin(base) or base
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-        list: isinstance(value, list),
-        dict: isinstance(value, dict),
-    }.get(origin, True)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {bool: isinstance(value, bool), int: number and isinstance(value, int), float: number,
+          str: isinstance(value, str), list: isinstance(value, list),
+          dict: isinstance(value, dict)}.get(origin, True)
     if origin is float and isinstance(value, str):
         # YAML 1.1 reads 1e-5 (no dot) as a string; accept it as the number it means.
         try:
@@ -357,9 +346,7 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         except ValueError:
             pass
     if not ok:
-        raise ConfigError(
-            f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}."
-        )
+        raise ConfigError(f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}.")
     if origin is list and get_args(base):
         return [_coerce(get_args(base)[0], item, f"{key}[{i}]", source)
                 for i, item in enumerate(value)]
@@ -410,7 +397,3 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config, apply `--set` overrides, validate."""
     data = apply_overrides(read_yaml(path), overrides or [])
     return config_from_dict(data, source=str(path))
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
