@@ -67,10 +67,8 @@ def _fmt(value: Any, pct: bool = False) -> str:
     return str(value)
 
 
-def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
-    systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
-               ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
-    systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
+def _summary_lines(r: dict[str, Any]) -> list[str]:
+    """Who judged what, and what happened to the judgements."""
     lines = [
         "# WIM run report",
         "",
@@ -80,7 +78,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
     ]
     if r["judge/model"] in SMALL_JUDGES:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
-    lines += [
+    return lines + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
         f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
@@ -90,6 +88,14 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         f"{r.get('pairs/ties_dropped', 0)}/"
         f"{r.get('pairs/ties_kept_first', 0) + r.get('pairs/ties_kept_random', 0)}.",
         "",
+    ]
+
+
+def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
+    systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
+               ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
+    systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
+    lines = _summary_lines(r) + [
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
         "| metric | " + " | ".join(label for _, label in systems) + " |",
