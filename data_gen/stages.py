@@ -180,7 +180,8 @@ def _judgement_record(sample: dict, judge: Judge, res) -> dict[str, Any]:
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
         rating=res.rating, raw_judge_text=res.raw, parse_ok=res.parse_ok,
-        parse_error=res.error, attempts=res.attempts, prompt_tokens=res.prompt_tokens,
+        parse_error=res.error, attempts=res.attempts, echoed_attempts=res.echoed_attempts,
+        prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
     )
     return record

@@ -59,6 +59,9 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     markdown = (finished_run / "report.md").read_text()
     assert "135M" in markdown
     assert f"{report['judge/echoed_rubric']} echoed the rubric" in markdown
+    echoed = sum(j["echoed_attempts"] > 0 for j in judgements)
+    assert report["judge/echoed_rubric_any_attempt"] == echoed
+    assert f"; {echoed} (" in markdown
     assert "all-minilm-l6-v2" in markdown
 
 

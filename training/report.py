@@ -82,7 +82,10 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
         f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
-        f"({_fmt(r.get('judge/echoed_rubric_rate'), True)} of all judgements). "
+        f"({_fmt(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
+        f"{r.get('judge/echoed_rubric_any_attempt', 0)} "
+        f"({_fmt(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at least "
+        "one attempt and were asked again. "
         + _failure_sentence(r) +
         f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
         f"{r.get('pairs/ties_dropped', 0)}/"

@@ -26,7 +26,7 @@ from wim.judge_prompts import (
     build_judge_instructions,
     build_judge_messages,
 )
-from wim.parsing import parse_judgement
+from wim.parsing import ECHOED_RUBRIC, parse_judgement
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class Judgement:
     parse_ok: bool
     error: str | None
     attempts: int
+    echoed_attempts: int
+    """Attempts whose "critique" echoed the rubric (each was a parse failure, then re-asked)."""
     prompt_tokens: int
     completion_tokens: int
 
@@ -93,6 +95,7 @@ class BackendJudge(Judge):
         results: list[Judgement | None] = [None] * len(items)
         todo = list(range(len(items)))
         spent = [(0, 0)] * len(items)
+        echoed = [0] * len(items)
         for attempt in range(self.max_retries + 1):
             # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
             temperature = 0.0 if attempt == 0 else self.retry_temperature
@@ -103,6 +106,7 @@ class BackendJudge(Judge):
                 parsed = (parse_judgement(raw, self.mode, self.instructions)
                           if error is None else None)
                 ok = parsed is not None and parsed.ok
+                echoed[i] += parsed is not None and ECHOED_RUBRIC in (parsed.error or "")
                 results[i] = Judgement(
                     critique=parsed.critique if parsed else None,
                     rating=parsed.rating if parsed else None,
@@ -110,6 +114,7 @@ class BackendJudge(Judge):
                     parse_ok=ok,
                     error=None if ok else (error or parsed.error),
                     attempts=attempt + 1,
+                    echoed_attempts=echoed[i],
                     prompt_tokens=spent[i][0],
                     completion_tokens=spent[i][1],
                 )

@@ -107,12 +107,15 @@ def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
     retried = sum(j.get("attempts", 1) > 1 for j in judgements)
     nothing = sum(j["parse_ok"] and j.get("critique") == "" for j in judgements)
     echoed = sum(ECHOED_RUBRIC in (j.get("parse_error") or "") for j in judgements)
+    ever = sum(j.get("echoed_attempts", 0) > 0 for j in judgements)
     return {
         "judge/count": n,
         "judge/parse_failed": failed,
         "judge/parse_fail_rate": failed / n if n else math.nan,
         "judge/echoed_rubric": echoed,
         "judge/echoed_rubric_rate": echoed / n if n else math.nan,
+        "judge/echoed_rubric_any_attempt": ever,
+        "judge/echoed_rubric_any_attempt_rate": ever / n if n else math.nan,
         "judge/retried": retried,
         "judge/nothing_missing_rate": nothing / n if n else math.nan,
     }

@@ -59,6 +59,7 @@ def test_echoed_rubric_is_a_parse_failure_that_is_retried() -> None:
     backend = ScriptedBackend([ECHO, "Missing: the year it happened\nRating: 6"])
     [result] = _judge(backend, max_retries=2).judge([("q", "a")])
     assert result.parse_ok and result.critique == "the year it happened" and result.attempts == 2
+    assert result.echoed_attempts == 1
 
 
 def test_echoed_rubric_after_retries_is_counted_with_its_own_reason() -> None:
@@ -66,11 +67,15 @@ def test_echoed_rubric_after_retries_is_counted_with_its_own_reason() -> None:
 
     [result] = _judge(ScriptedBackend([ECHO] * 3), max_retries=2).judge([("q", "a")])
     assert not result.parse_ok and result.error == "echoed rubric" and result.critique is None
+    assert result.echoed_attempts == 3
     record = {"parse_ok": result.parse_ok, "parse_error": result.error, "critique": None,
-              "attempts": result.attempts}
-    fine = {"parse_ok": True, "parse_error": None, "critique": "x", "attempts": 1}
-    stats = judge_statistics([record, fine])
+              "attempts": result.attempts, "echoed_attempts": result.echoed_attempts}
+    fine = {"parse_ok": True, "parse_error": None, "critique": "x", "attempts": 1,
+            "echoed_attempts": 0}
+    healed = {**fine, "attempts": 2, "echoed_attempts": 1}
+    stats = judge_statistics([record, fine, healed])
     assert stats["judge/echoed_rubric"] == 1 and stats["judge/parse_failed"] == 1
+    assert stats["judge/echoed_rubric_any_attempt"] == 2
 
 
 def test_instructions_copied_into_the_critique_are_an_echo() -> None:
