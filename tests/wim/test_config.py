@@ -366,3 +366,36 @@ def test_cli_help_does_not_import_torch():
     assert "wim.cli" in names
     assert not [n for n in names if n == "torch" or n.startswith("torch.")]
     assert not [n for n in names if n.split(".")[0] in ("transformers", "trl")]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["judge.prompt=authors", "judge.mode=numeric"], "judge.prompt"),
+    (["judge.prompt=theirs"], "judge.prompt"),
+    (["judge.on_parse_failure=zero"], "judge.on_parse_failure"),
+    (["policy.adapter=/x", "policy.backend=llama_cpp"], "policy.adapter"),
+    (["pairs.tie_tolerance=-0.5"], "pairs.tie_tolerance"),
+])
+def test_paper_setup_keys_are_checked(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _with(overrides)
+
+
+def test_every_config_field_has_help_text() -> None:
+    """Each dataclass field is followed by its attribute docstring (as TRL and open-instruct)."""
+    import ast
+
+    import wim.config
+
+    tree = ast.parse(Path(wim.config.__file__).read_text())
+    undocumented = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith(
+            ("Config", "Section"))):
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                documented = (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                              and isinstance(nxt.value.value, str))
+                if not documented:
+                    undocumented.append(f"{cls.name}.{node.target.id}")
+    assert not undocumented, undocumented
