@@ -362,3 +362,16 @@ def test_real_critiques_are_not_echoes(critique: str) -> None:
     parsed = parse_judgement(f"Missing: {critique}\nRating: 6",
                              instructions=build_judge_instructions("accuracy"))
     assert parsed.ok and parsed.critique == critique
+
+
+def test_authors_prompt_asks_for_their_structure_in_the_system_turn() -> None:
+    messages = build_judge_messages(QUESTION, ANSWER, criteria=CRITERIA, prompt_style="authors")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    instructions = messages[0]["content"]
+    assert "[[" in instructions and "[[[]]]" in instructions and CRITERIA in instructions
+    for word in ("knowledge", "depth", "creativity", "detail"):
+        assert word in instructions
+    assert "Missing:" not in instructions  # not our format
+    with pytest.raises(ValueError, match="mode 'wim'"):
+        build_judge_messages(QUESTION, ANSWER, criteria="c", mode="numeric",
+                             prompt_style="authors")
