@@ -139,11 +139,11 @@ def write_pair_rows(path: Path, pairs, swap: bool = False) -> None:
 
 
 def train_small_adapter(out: Path, swap: bool = False) -> Path:
-    """A real DPO run on the bundled model (8 steps, high learning rate): `out/adapter`."""
+    """A real DPO run on the bundled model (6 steps, high learning rate): `out/adapter`."""
     from training.dpo import train_dpo
     from wim.config import load_config
 
-    cfg = load_config(QUICKSTART, ["dpo.learning_rate=1e-3", "dpo.max_steps=8",
+    cfg = load_config(QUICKSTART, ["dpo.learning_rate=1e-3", "dpo.max_steps=6",
                                    "dpo.per_device_train_batch_size=4", "dpo.max_length=64",
                                    "dpo.beta=0.1"])
     write_pair_rows(out / "pairs.jsonl", GOOD_VS_GARBAGE, swap=swap)

@@ -35,10 +35,21 @@ def test_fixed_judge_is_the_base_model_and_changing_judge_moves(trained_adapter)
 
 
 @pytest.mark.slow
-def test_adapter_is_attached_through_the_peft_integration(trained_adapter) -> None:
-    """The loading path this test file is about: not a PeftModel, so peft's disable_adapter()
-    context is absent and the fixed judge must use disable_adapters()/enable_adapters()."""
-    res = Resources(load_config(QUICKSTART, [f"policy.adapter={trained_adapter}"]))
-    model = res.policy().model
-    assert not hasattr(model, "disable_adapter")
-    assert model.active_adapters() == ["default"]
+def test_adapter_comes_through_the_peft_integration_and_stays_on(trained_adapter) -> None:
+    """The loading path this file is about: not a PeftModel (no peft `disable_adapter()`), and
+    after a fixed-judge pass the policy samples with its adapter on again, as before."""
+    from wim.backends import SamplingParams
+
+    res = Resources(load_config(QUICKSTART, [f"policy.adapter={trained_adapter}", *SETTINGS]))
+    try:
+        policy = res.policy()
+        assert not hasattr(policy.model, "disable_adapter")
+        assert any("lora_" in name for name, _ in policy.model.named_modules())
+        conv, greedy = [[{"role": "user", "content": ITEMS[1][0]}]], SamplingParams(16, 0.0)
+        before = policy.generate(conv, greedy)[0][0].text
+        grads = [p.requires_grad for p in policy.model.parameters()]
+        res.judge().judge(ITEMS[:1])  # role fixed: adapters off, then on again
+        assert policy.generate(conv, greedy)[0][0].text == before
+        assert [p.requires_grad for p in policy.model.parameters()] == grads
+    finally:
+        res.close()

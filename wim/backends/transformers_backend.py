@@ -46,14 +46,13 @@ class TransformersBackend(Backend):
         """The same weights with any LoRA adapter disabled: the frozen reference, no copy.
 
         Works for a peft `PeftModel` and for an adapter attached with transformers' PEFT
-        integration (`load_adapter`); a model with LoRA layers that neither can switch off is
-        refused rather than silently judged with the adapter on.
+        integration (`load_adapter`), see `adapters_off`; LoRA layers that cannot be switched
+        off are refused rather than silently judged with the adapter on.
         """
         if not _can_switch_adapters(self.model) and _has_lora_layers(self.model):
             raise RuntimeError(
-                "the policy carries LoRA layers that can be switched off neither by peft's "
-                "disable_adapter() nor by transformers' disable_adapters(); a fixed judge "
-                "would judge with the adapter on"
+                "the policy carries LoRA layers that are not peft adapter layers, so they "
+                "cannot be switched off; a fixed judge would judge with them on"
             )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True)
@@ -124,28 +123,43 @@ class TransformersBackend(Backend):
 
 @contextlib.contextmanager
 def adapters_off(model):
-    """Run the block with every LoRA adapter of `model` disabled, then switch them back on.
+    """Run the block with every LoRA adapter of `model` disabled, then restore them.
 
     Two ways a model carries an adapter: a peft `PeftModel` (context `disable_adapter()`), or a
-    transformers model with an adapter attached by its PEFT integration (`load_adapter`), which
-    offers `disable_adapters()` / `enable_adapters()` instead.
+    transformers model with an adapter attached by its PEFT integration (`load_adapter`). The
+    latter's `disable_adapters()` demands peft >= 0.22 in transformers 5.24 while the stack pins
+    peft 0.21, so its adapter layers are switched here, one peft tuner layer at a time, as that
+    method does; their trainable flags are restored afterwards.
     """
     if callable(getattr(model, "disable_adapter", None)):
         with model.disable_adapter():
             yield
-    elif getattr(model, "_hf_peft_config_loaded", False):
-        model.disable_adapters()
-        try:
-            yield
-        finally:
-            model.enable_adapters()
-    else:
+        return
+    layers = _tuner_layers(model)
+    was_disabled = [layer.disable_adapters for layer in layers]
+    grads = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
         yield
+    finally:
+        for layer, disabled in zip(layers, was_disabled, strict=True):
+            layer.enable_adapters(not disabled)
+        for param, grad in grads:
+            param.requires_grad_(grad)
+
+
+def _tuner_layers(model) -> list:
+    """peft's adapter layers inside `model` ([] without peft or without adapters)."""
+    if not (getattr(model, "_hf_peft_config_loaded", False) or _has_lora_layers(model)):
+        return []
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
 
 
 def _can_switch_adapters(model) -> bool:
-    return callable(getattr(model, "disable_adapter", None)) or bool(
-        getattr(model, "_hf_peft_config_loaded", False))
+    return callable(getattr(model, "disable_adapter", None)) or bool(_tuner_layers(model))
 
 
 def _has_lora_layers(model) -> bool:
