@@ -143,7 +143,7 @@ def train_small_adapter(out: Path, swap: bool = False) -> Path:
     from training.dpo import train_dpo
     from wim.config import load_config
 
-    cfg = load_config(QUICKSTART, ["dpo.learning_rate=1e-3", "dpo.max_steps=6",
+    cfg = load_config(QUICKSTART, ["dpo.learning_rate=5e-3", "dpo.max_steps=6",
                                    "dpo.per_device_train_batch_size=4", "dpo.max_length=64",
                                    "dpo.beta=0.1"])
     write_pair_rows(out / "pairs.jsonl", GOOD_VS_GARBAGE, swap=swap)
