@@ -4,9 +4,9 @@ same kind is positive.
 
 Implicit reward of a response y: beta * (log p_policy(y | x) - log p_ref(y | x)), the reference
 being the same weights with the adapter off. Checked once by hand with chosen and rejected
-swapped in training (`train_small_adapter(out, swap=True)`): the margin came out negative
-(see the report of issue 8), so this test fails if the pairs' direction is reversed anywhere
-between pairs.jsonl and TRL.
+swapped in training (`train_small_adapter(out, swap=True)`, same settings): the three held-out
+margins came out -4.76, -5.35 and -3.49, so this test fails if the pairs' direction is reversed
+anywhere between pairs.jsonl and TRL.
 """
 
 from __future__ import annotations
