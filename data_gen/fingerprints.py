@@ -25,7 +25,7 @@ _STATS = ("stats/generate.json", "stats/judge.json", "stats/score.json", "stats/
 STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "generate": ((), (), ("samples.jsonl",)),
     "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
-    "score": (("scoring",), ("judgements.jsonl",), ("scores.jsonl",)),
+    "score": (("scoring", "judge.on_parse_failure"), ("judgements.jsonl",), ("scores.jsonl",)),
     "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
     "train": (("lora", "dpo", "wandb"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
@@ -57,12 +57,19 @@ def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
     what = {
         "stage": stage,
         "identity": identity(cfg),
-        "sections": {name: data[name] for name in sections},
+        "sections": {name: _value(data, name) for name in sections},
         "shard": shard,
         "prompts": prompts_sha if stage in ("generate", "judge") else None,
         "inputs": {name: file_sha256(run.file(name)) for name in inputs},
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _value(data: dict, dotted: str) -> Any:
+    """A section (`scoring`) or one key of one (`judge.on_parse_failure`)."""
+    for part in dotted.split("."):
+        data = data[part]
+    return data
 
 
 def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:

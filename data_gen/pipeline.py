@@ -67,7 +67,8 @@ class Resources:
         if self._policy is None:
             c = self.cfg
             self._policy = open_backend(c.policy.backend, c.policy.model, c,
-                                        batch_size=c.generation.batch_size)
+                                        batch_size=c.generation.batch_size,
+                                        adapter=c.policy.adapter)
         return self._policy
 
     def judge(self) -> BackendJudge:
@@ -92,8 +93,10 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
         name = cfg.policy.model
         if j.role == "fixed" and isinstance(backend, TransformersBackend):
             backend = backend.reference_view(batch_size=j.batch_size)
+        elif cfg.policy.adapter:
+            name = f"{name} + adapter {cfg.policy.adapter}"
     return BackendJudge(
-        backend, role=j.role, model_name=name, mode=j.mode, criteria=j.criteria,
+        backend, role=j.role, model_name=name, mode=j.mode, prompt=j.prompt, criteria=j.criteria,
         instructions_in=j.instructions_in, max_new_tokens=j.max_new_tokens,
         max_retries=j.max_retries, retry_temperature=j.retry_temperature,
     )

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from wim.backends import Backend, SamplingParams
 from wim.config import Config
 from wim.context import fit_messages, token_budget
+from wim.errors import InputError
 from wim.judges import Judge
 from wim.prompts import Prompt
 from wim.records import JsonlAppender, index_by_key, read_keyed, write_records_atomic
@@ -43,7 +44,7 @@ class Shard:
         except ValueError:
             i, n = -1, 0
         if not 0 <= i < n:
-            raise ValueError(f"--shard must look like i/n with 0 <= i < n (e.g. 0/2), got '{text}'")
+            raise InputError(f"--shard must look like i/n with 0 <= i < n (e.g. 0/2), got '{text}'")
         return cls(i, n)
 
     def __str__(self) -> str:
@@ -236,7 +237,8 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
         rating=res.rating, raw_judge_text=res.raw, parse_ok=res.parse_ok,
-        parse_error=res.error, attempts=res.attempts, prompt_tokens=res.prompt_tokens,
+        parse_error=res.error, attempts=res.attempts, echoed_attempts=res.echoed_attempts,
+        prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
@@ -245,19 +247,30 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
 
 
 def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
-    """Re-derive scores.jsonl from judgements.jsonl (no judge calls)."""
+    """Re-derive scores.jsonl from judgements.jsonl (no judge calls).
+
+    The judgements are validated first, since another tool may have written them.
+    """
     from wim.embedders import Embedder
-    from wim.scoring import score_judgements
+    from wim.parsing import is_nothing_missing
+    from wim.scoring import check_judgements, score_judgements
 
     start = time.perf_counter()
     judgements = run.require("judgements.jsonl", "wim judge")
-    needs_embedder = any(j["parse_ok"] and j.get("critique") is not None for j in judgements)
+    check_judgements(judgements, str(run.judgements))
+    policy = cfg.judge.on_parse_failure
+    needs_embedder = any((j["parse_ok"] or policy == "authors") and j.get("critique") is not None
+                         and not is_nothing_missing(j["critique"]) for j in judgements)
     if embedder is None and needs_embedder:
         embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size)
-    scored = score_judgements(judgements, embedder, cfg.scoring.zeta)
+    scored = score_judgements(judgements, embedder, cfg.scoring.zeta, policy)
     write_records_atomic(run.scores, scored)
+    fallbacks = [r.get("fallback", "") for r in scored]
     stats = {"time/score": time.perf_counter() - start, "score/records": len(scored),
-             "score/embedder": cfg.scoring.embedder, "score/zeta": cfg.scoring.zeta}
+             "score/embedder": cfg.scoring.embedder, "score/zeta": cfg.scoring.zeta,
+             "score/on_parse_failure": policy,
+             "score/fallback_rating": sum("rating" in f for f in fallbacks),
+             "score/fallback_critique": sum("critique" in f for f in fallbacks)}
     _write_stats(run, "score", stats)
     return stats
 

@@ -25,6 +25,18 @@ SHRUNK = [
 ]
 
 
+# Fixtures that load a real model or start a server: every test using one is marked `slow` here,
+# so the marking cannot drift. Tests that load a model inline carry the mark themselves.
+REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished_run",
+                       "reference_run", "trained_adapter"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def sets(overrides: list[str]) -> list[str]:
     out = []
     for item in overrides:
@@ -177,3 +189,51 @@ def http_overrides(url: str) -> list[str]:
             f"http.base_urls=[{url}]", "http.model=flaky", "http.max_retries=0",
             "http.concurrency=2", "http.timeout_s=10", "generation.batch_size=2",
             "judge.max_retries=1", "judge.mode=numeric", "scoring.zeta=0"]
+
+
+# Pairs whose chosen side is clearly better: a correct, complete answer against garbage.
+GOOD_VS_GARBAGE = [
+    ("How many legs does a spider have?", "A spider has eight legs.", "zq xv blorp 7 ## kk"),
+    ("What is the capital of Italy?", "The capital of Italy is Rome.", "fnord ;; 99 qqq wub"),
+    ("What colour is the sky on a clear day?", "On a clear day the sky is blue.",
+     "ppp ~~ 3x zzt orb"),
+    ("How many days are in a week?", "A week has seven days.", "lorp %% 12 vvk ugh"),
+    ("What do bees make?", "Bees make honey from the nectar of flowers.", "kq9 ## blat zz mn"),
+    ("What is 3 + 4?", "3 + 4 = 7.", "wibble 88 ?? trr xo"),
+    ("Which planet do we live on?", "We live on the planet Earth.", "qop $$ 41 zzk fen"),
+    ("What is frozen water called?", "Frozen water is called ice.", "snarf 0 ^^ plk yy"),
+]
+HELD_OUT = [
+    ("How many wheels does a bicycle have?", "A bicycle has two wheels.", "gorp ** 5 zxq lm"),
+    ("What is the capital of Spain?", "The capital of Spain is Madrid.", "vvt ## 17 qup ow"),
+    ("What do cows drink?", "Cows drink water.", "blim ;; 2k rrz ef"),
+]
+
+
+def write_pair_rows(path: Path, pairs, swap: bool = False) -> None:
+    import json
+
+    with path.open("w") as f:
+        for prompt, good, bad in pairs:
+            chosen, rejected = (bad, good) if swap else (good, bad)
+            f.write(json.dumps({"prompt": [{"role": "user", "content": prompt}],
+                                "chosen": [{"role": "assistant", "content": chosen}],
+                                "rejected": [{"role": "assistant", "content": rejected}]}) + "\n")
+
+
+def train_small_adapter(out: Path, swap: bool = False) -> Path:
+    """A real DPO run on the bundled model (6 steps, high learning rate): `out/adapter`."""
+    from training.dpo import train_dpo
+    from wim.config import load_config
+
+    cfg = load_config(QUICKSTART, ["dpo.learning_rate=5e-3", "dpo.max_steps=6",
+                                   "dpo.per_device_train_batch_size=4", "dpo.max_length=64",
+                                   "dpo.beta=0.1"])
+    write_pair_rows(out / "pairs.jsonl", GOOD_VS_GARBAGE, swap=swap)
+    train_dpo(cfg, out / "pairs.jsonl", out / "train", progress=False)
+    return out / "train" / "adapter"
+
+
+@pytest.fixture(scope="session")
+def trained_adapter(tmp_path_factory) -> Path:
+    return train_small_adapter(tmp_path_factory.mktemp("adapter"))

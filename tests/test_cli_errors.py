@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from conftest import QUICKSTART, run_wim
@@ -79,3 +80,39 @@ def test_train_before_pairs_says_what_to_run(tmp_path: Path) -> None:
     RunDir(out).claim(load_config(QUICKSTART))
     err = _fails(["train", str(out)])
     assert "pairs.jsonl" in err and "wim pairs" in err
+
+
+def test_user_errors_share_one_base_class() -> None:
+    from wim.config import ConfigError
+    from wim.errors import InputError, WimError
+    from wim.models import ModelNotFoundError
+    from wim.prompts import PromptsError
+    from wim.records import RecordsError
+    from wim.rundir import RunDirError
+
+    for cls in (ConfigError, RunDirError, PromptsError, RecordsError, ModelNotFoundError,
+                InputError):
+        assert issubclass(cls, WimError)
+        # Not a ValueError: the CLI must not mistake a library's ValueError for one of these.
+        assert not issubclass(cls, ValueError)
+
+
+def test_bad_shard_is_a_user_error(tmp_path: Path) -> None:
+    err = _fails(["generate", str(QUICKSTART), "--out", str(tmp_path / "a"), "--shard", "3/2"])
+    assert "--shard" in err and "3/2" in err
+
+
+def test_value_error_inside_trl_keeps_its_traceback(tmp_path: Path) -> None:
+    """A ValueError raised by TRL (not by us) is not dressed up as a user error."""
+    out = tmp_path / "run"
+    RunDir(out).claim(load_config(QUICKSTART))
+    row = {"prompt": [{"role": "user", "content": "q"}],
+           "chosen": [{"role": "assistant", "content": "a"}],
+           "rejected": [{"role": "assistant", "content": "b"}]}
+    (out / "pairs.jsonl").write_text(json.dumps(row) + "\n")
+    # trl.DPOConfig.__post_init__ raises ValueError: 2 loss weights for 1 loss type.
+    proc = run_wim(["train", str(out), "--set", "dpo.extra={loss_weights: [1.0, 2.0]}"],
+                   check=False)
+    assert proc.returncode not in (0, 2)
+    assert "Traceback" in proc.stderr and "ValueError" in proc.stderr
+    assert "loss_weights" in proc.stderr and "wim: error:" not in proc.stderr

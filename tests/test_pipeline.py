@@ -20,7 +20,7 @@ REPORT_KEYS = [
     "pairs/tie_rate/numeric", "pairs/tie_rate/wim", "pairs/tie_rate/mixed",
     "pairs/delta/numeric", "pairs/delta/wim", "pairs/delta/mixed",
     "pairs/agreement/wim",
-    "judge/parse_fail_rate",
+    "judge/parse_fail_rate", "judge/echoed_rubric", "score/embedder",
     "train/steps", "train/loss_first", "train/loss_last",
     "tokens/generated",
     "time/generate", "time/judge", "time/score", "time/pairs", "time/train",
@@ -50,13 +50,19 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     for j in judgements:
         assert {"prompt_id", "sample_idx", "prompt", "response", "critique", "rating",
                 "parse_ok", "raw_judge_text", "judge_role", "judge_model"} <= set(j)
-        assert j["parse_ok"] == (j["rating"] is not None)
+        assert not j["parse_ok"] or j["rating"] is not None
     report = json.loads((finished_run / "report.json").read_text())
     missing = [k for k in REPORT_KEYS if k not in report]
     assert not missing, missing
     assert report["train/steps"] == 2
     assert report["tokens/generated"] == sum(r["completion_tokens"] for r in samples)
-    assert "135M" in (finished_run / "report.md").read_text()
+    markdown = (finished_run / "report.md").read_text()
+    assert "135M" in markdown
+    assert f"{report['judge/echoed_rubric']} echoed the rubric" in markdown
+    echoed = sum(j["echoed_attempts"] > 0 for j in judgements)
+    assert report["judge/echoed_rubric_any_attempt"] == echoed
+    assert f"; {echoed} (" in markdown
+    assert "all-minilm-l6-v2" in markdown
 
 
 @pytest.mark.slow

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wim.config import Config
+from wim.config import Config, ConfigError
+from wim.errors import InputError
 from wim.models import load_causal_lm
+from wim.records import RecordsError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,8 @@ def train_dpo(
     `train/loss_first`, `train/loss_last`, `train/pairs`, `train/seconds`,
     `train/reward_accuracy_last` (when TRL logged it) and `train/lora_delta_norm`: the L2 norm
     of the change in LoRA weights from their initial values (> 0 once anything was learned).
-    Raises ValueError when there are no pairs or `cfg.dpo.extra` names a non-DPOConfig field.
+    Raises InputError when there are no pairs, ConfigError when `cfg.dpo.extra` names a
+    non-DPOConfig field.
 
     Checkpoints go to `out_dir/trainer/checkpoint-*` every `dpo.save_steps` steps. When that
     folder holds checkpoints of a training with the same `resume_key` (the caller's hash of the
@@ -132,11 +135,11 @@ def _step_of(checkpoint: str | None) -> int:
 
 def _count_pairs(pairs_path: Path) -> int:
     if not pairs_path.is_file():
-        raise ValueError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
+        raise InputError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
     with pairs_path.open() as f:
         n = sum(1 for line in f if line.strip())
     if n == 0:
-        raise ValueError(
+        raise InputError(
             f"no preference pairs to train on: every prompt tied or failed to parse ({pairs_path} "
             "is empty). Sample more responses per prompt (generation.k), use more prompts, set "
             "pairs.tie_policy to 'first' or 'random', or use a stronger judge."
@@ -153,12 +156,12 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
     known = {f.name for f in dataclasses.fields(DPOConfig)}
     for key in extra:
         if key not in known:
-            raise ValueError(
+            raise ConfigError(
                 f"dpo.extra: '{key}' is not a trl.DPOConfig field; check the spelling against "
                 "trl/trainer/dpo_config.py of the installed trl."
             )
         if key in dpo:
-            raise ValueError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
+            raise ConfigError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
     if cfg.wandb.enabled:
         os.environ.setdefault("WANDB_PROJECT", cfg.wandb.project)  # read by the wandb callback
     kwargs: dict[str, Any] = dict(
@@ -185,7 +188,7 @@ def _load_pairs(pairs_path: Path):
     dataset = load_dataset("json", data_files=str(pairs_path), split="train")
     missing = [c for c in TRL_COLUMNS if c not in dataset.column_names]
     if missing:
-        raise ValueError(
+        raise RecordsError(
             f"{pairs_path}: pairs lack the column(s) {missing}; expected {TRL_COLUMNS}."
         )
     return dataset.select_columns(TRL_COLUMNS)

@@ -41,6 +41,8 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["judge/mode"] = cfg.judge.mode
     report["policy/model"] = cfg.policy.model
     report["score/embedder"] = cfg.scoring.embedder
+    report["judge/prompt"] = cfg.judge.prompt
+    report["score/on_parse_failure"] = cfg.judge.on_parse_failure
     report["score/zeta"] = cfg.scoring.zeta
     return report
 
@@ -74,24 +76,28 @@ def _fmt(value: Any, pct: bool = False) -> str:
     return str(value)
 
 
-def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
-    systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
-               ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
-    systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
+def _summary_lines(r: dict[str, Any]) -> list[str]:
+    """Who judged what, and what happened to the judgements."""
     lines = [
         "# WIM run report",
         "",
         f"Policy {md_cell(r['policy/model'])}; judge {md_cell(r['judge/model'])} "
-        f"(role {r['judge/role']}, "
-        f"mode {r['judge/mode']}); embedder `{r['score/embedder']}`.",
+        f"(role {r['judge/role']}, mode {r['judge/mode']}, prompt {r['judge/prompt']}); "
+        f"embedder `{r['score/embedder']}`.",
         "",
     ]
     if r["judge/model"] in SMALL_JUDGES:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
-    lines += [
+    return lines + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), left out of ranking"
-        f"; {r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
+        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
+        f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
+        f"({_fmt(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
+        f"{r.get('judge/echoed_rubric_any_attempt', 0)} "
+        f"({_fmt(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at least "
+        "one attempt and were asked again. "
+        + _failure_sentence(r) +
+        f"{r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
         "next run). "
         f"{r.get('pairs/count', 0)} preference pairs; ties dropped/kept: "
         f"{r.get('pairs/ties_dropped', 0)}/"
@@ -102,6 +108,14 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
         f"{r.get('judge/truncated', 0)}/{r.get('judge/skipped_overlong', 0)}; empty responses "
         f"{r.get('generate/empty', 0)}.",
         "",
+    ]
+
+
+def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
+    systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
+               ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
+    systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
+    lines = _summary_lines(r) + [
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
         "| metric | " + " | ".join(label for _, label in systems) + " |",
@@ -148,6 +162,15 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
     for plot in plots:
         lines += ["", f"![{plot}]({plot})"]
     return "\n".join(lines) + "\n"
+
+
+def _failure_sentence(r: dict[str, Any]) -> str:
+    if r.get("score/on_parse_failure") != "authors":
+        return "Failed judgements are left out of ranking. "
+    return (f"As in the authors' code, failed judgements are still scored: "
+            f"{r.get('score/fallback_rating', 0)} with an unparseable rating counted as "
+            f"rating_norm 0, {r.get('score/fallback_critique', 0)} without a critique scored by "
+            "the rating alone. ")
 
 
 def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from wim.config import ConfigError, apply_overrides, config_from_dict, read_yaml
+from wim.errors import WimError
 
 STAGE_COMMANDS = {
     "generate": "sample k responses per prompt from the policy (samples.jsonl)",
@@ -82,14 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         print("wim: interrupted; finished records are kept, run the same command to resume.",
               file=sys.stderr)
         return 130
-    except Exception as err:  # our own errors get one paragraph; anything else is a bug
-        if isinstance(err, OSError) and _is_storage_error(err):
-            from wim.records import storage_error
-
-            err = storage_error(err, err.filename or getattr(args, "out", None))
-        elif not _is_user_error(err):
-            raise
+    except WimError as err:  # the user's to fix: one paragraph; anything else keeps its traceback
         print(f"wim: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a write the file system refused (disk full, permissions, ...)
+        if not _is_storage_error(err):
+            raise
+        from wim.records import storage_error
+
+        print(f"wim: error: {storage_error(err, err.filename or getattr(args, 'out', None))}",
+              file=sys.stderr)
         return 2
 
 
@@ -99,20 +102,6 @@ def _is_storage_error(err: OSError) -> bool:
     from wim.records import STORAGE_ERRNOS
 
     return err.errno in STORAGE_ERRNOS
-
-
-def _is_user_error(err: Exception) -> bool:
-    from wim.models import ModelNotFoundError
-    from wim.prompts import PromptsError
-    from wim.records import RecordsError
-    from wim.rundir import RunDirError
-
-    return isinstance(err, (ConfigError, RunDirError, PromptsError, RecordsError,
-                            ModelNotFoundError, UserFacingError))
-
-
-class UserFacingError(RuntimeError):
-    pass
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -133,10 +122,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     cfg, out = resolve(args)
     if args.shard is None and Path(args.source).is_dir():
         args.shard = RunDir(out).shard() if out == Path(args.source) else None
-    try:
-        shard = Shard.parse(args.shard)
-    except ValueError as err:
-        raise UserFacingError(str(err)) from None
+    shard = Shard.parse(args.shard)
     if args.command == "run":
         stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
     else:
@@ -157,11 +143,6 @@ def _dispatch(args: argparse.Namespace) -> int:
                              indent=2))
             print(f"wim: incomplete: {err}", file=sys.stderr)
             return 3
-        except ValueError as err:
-            if args.verbose or _is_user_error(err):
-                raise
-            # Raised by our stages for bad data (no pairs, numeric judgements at zeta > 0, ...).
-            raise UserFacingError(f"{err}. Records already written in {out} are kept.") from None
         run.save_config(cfg, str(shard) if shard else None)
     _print_result(result, stages, out)
     return 0
@@ -175,7 +156,8 @@ def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
         verb = "unchanged:" if "report" in result.get("run/skipped_stages", []) else "wrote"
         print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
-                "judge/parse_fail_rate", "judge/backend_failed", "train/loss_first",
+                "judge/parse_fail_rate", "judge/echoed_rubric", "judge/backend_failed",
+                "train/loss_first",
                 "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:

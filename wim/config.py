@@ -17,9 +17,11 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from wim.config_checks import validate
+from wim.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config problem, described in one paragraph that says what to change."""
+__all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "load_config",
+           "read_yaml"]
 
 
 @dataclass
@@ -39,6 +41,10 @@ class PolicyConfig:
     """The policy that samples responses: `bundled:...`, a local folder or a hub id."""
     backend: str = "transformers"
     """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
+    adapter: str | None = None
+    """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
+    `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
+    without it. `wim train` still trains a fresh adapter on `model`."""
 
 
 @dataclass
@@ -46,8 +52,11 @@ class GenerationConfig:
     k: int = 2
     """Samples per prompt (at least 2, so that each prompt can give a pair)."""
     max_new_tokens: int = 64
+    """Most tokens a sampled response may have."""
     temperature: float = 0.8
+    """Sampling temperature of the policy (0 = greedy, which makes the k samples identical)."""
     top_p: float = 0.95
+    """Nucleus sampling: sample from the smallest token set whose probability reaches top_p."""
     batch_size: int = 8
     """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
     reproduce the same samples."""
@@ -68,7 +77,9 @@ class HTTPConfig:
     api_key_env: str = "WIM_API_KEY"
     """Environment variable holding the API key; the key itself never goes into a config."""
     concurrency: int = 8
+    """Requests in flight at once, over all URLs."""
     timeout_s: float = 60.0
+    """Seconds to wait for one reply before it counts as a timeout (and is retried)."""
     max_retries: int = 4
     """Retries with exponential backoff on timeouts, 429 and 5xx."""
     context_tokens: int | None = None
@@ -87,6 +98,14 @@ class JudgeConfig:
     """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
     mode: str = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
+    prompt: str = "ours"
+    """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`: the
+    WIM authors' structure in our words: a short explanation, `[[N]]`, then what is missing as
+    `[[[...]]]` (`[[[]]]` = nothing), instructions in the system turn. Both are parsed."""
+    on_parse_failure: str = "exclude"
+    """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors` (their
+    code): an unparseable rating counts as rating_norm 0, a missing critique leaves the rating
+    alone as the score; both counted (`score/fallback_rating`, `score/fallback_critique`)."""
     criteria: str = (
         "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
         "would include"
@@ -95,10 +114,13 @@ class JudgeConfig:
     instructions_in: str = "system"
     """Where the judge instructions go: `system` or `user` message."""
     max_new_tokens: int = 64
+    """Most tokens the judge may write per judgement (critique and rating together)."""
     max_retries: int = 2
     """Re-ask a judge whose output fails to parse this many times (sampling, new seed)."""
     retry_temperature: float = 0.7
+    """Sampling temperature of the retries (the first attempt is greedy)."""
     batch_size: int = 8
+    """Judgements per batch for a local judge."""
     overlong: str = "truncate"
     """Judge input (instructions + prompt + response) longer than the judge's context (less
     max_new_tokens) or max_input_tokens: `truncate` (the prompt is cut from the middle, the
@@ -112,10 +134,12 @@ class ScoringConfig:
     zeta: float = 0.4
     """score = (1 - zeta) * rating_norm + zeta * similarity; 1 = pure WIM, 0 = pure numeric."""
     embedder: str = "bundled:all-minilm-l6-v2"
-    """sentence-transformers model E (paper: all-mpnet-base-v2)."""
+    """sentence-transformers model E: `bundled:all-minilm-l6-v2` (fast), `bundled:all-mpnet-base-v2`
+    (the authors' choice, about 6x slower on CPU), a local folder or a hub id."""
     report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
     """zetas reported side by side (all from one judging pass)."""
     batch_size: int = 64
+    """Texts per embedder batch."""
 
 
 @dataclass
@@ -126,16 +150,23 @@ class PairsConfig:
     tie_policy: str = "drop"
     """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
     at `random`."""
-    tie_tolerance: float = 1e-9
-    """Scores closer than this are a tie."""
+    tie_tolerance: float = 1e-6
+    """Two samples tie when their scores differ by at most this on the 1-10 scale (`x * 5 + 5`:
+    0.5 here is 0.1 on the raw [-1, 1] score). One rule for the pairs and the report."""
 
 
 @dataclass
 class LoraConfig:
+    """The LoRA adapter DPO trains (peft.LoraConfig)."""
+
     r: int = 8
+    """Rank of the low-rank update."""
     alpha: int = 16
+    """Scaling numerator: the update is scaled by alpha / r."""
     dropout: float = 0.0
+    """Dropout on the adapter's input during training."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Names of the linear layers that get an adapter."""
 
 
 @dataclass
@@ -143,22 +174,32 @@ class DPOSection:
     """Passed to `trl.DPOConfig` (plus `extra` for any other DPOConfig field)."""
 
     learning_rate: float = 5e-5
+    """Peak learning rate of the adapter weights."""
     beta: float = 0.1
+    """DPO beta: how far the policy may move from the reference (larger = closer)."""
     max_steps: int = 8
+    """Optimizer steps to train."""
     per_device_train_batch_size: int = 4
+    """Pairs per step (before gradient accumulation)."""
     gradient_accumulation_steps: int = 1
+    """Steps whose gradients are summed before one optimizer update."""
     max_length: int = 256
+    """Most tokens of prompt plus response; longer pairs are truncated."""
     logging_steps: int = 1
+    """Log the loss every this many steps."""
     save_steps: int = 25
     """Save a checkpoint every this many steps (and at the end), so that a killed training
     resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Any other trl.DPOConfig field, by its name (checked against the installed TRL)."""
 
 
 @dataclass
 class WandbConfig:
     enabled: bool = False
+    """Log training and the report's metrics to Weights & Biases."""
     project: str = "wim"
+    """The wandb project name."""
 
 
 @dataclass
@@ -169,18 +210,32 @@ class ExportConfig:
 
 @dataclass
 class Config:
+    """One experiment: every section of the YAML file."""
+
     seed: int = 0
+    """Seeds sampling, judging retries, random tie-breaks and training."""
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    """Which prompts to sample for."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The model that samples responses (and is trained)."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """How the policy samples k responses per prompt."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Who judges each response, and how."""
     http: HTTPConfig = field(default_factory=HTTPConfig)
+    """OpenAI-compatible endpoints, for any backend set to `http`."""
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    """The WIM score formula and its embedder."""
     pairs: PairsConfig = field(default_factory=PairsConfig)
+    """How scored samples become chosen/rejected pairs."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    """The LoRA adapter DPO trains."""
     dpo: DPOSection = field(default_factory=DPOSection)
+    """TRL DPO training settings."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)
+    """Where the pairs dataset is also published."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,79 +246,6 @@ class Config:
         if sections is not None:
             data = {k: data[k] for k in sections}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-_CHOICES = {
-    "policy.backend": ("transformers", "llama_cpp", "http"),
-    "judge.backend": ("transformers", "llama_cpp", "http"),
-    "judge.role": ("fixed", "changing", "external"),
-    "judge.mode": ("wim", "numeric"),
-    "judge.instructions_in": ("system", "user"),
-    "generation.overlong": ("truncate", "skip"),
-    "judge.overlong": ("truncate", "skip"),
-    "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
-    "pairs.tie_policy": ("drop", "first", "random"),
-}
-
-
-def validate(cfg: Config, source: str = "config") -> None:
-    """Check ranges and choices; raise ConfigError naming the key and what is expected."""
-
-    def fail(key: str, expected: str, value: Any) -> None:
-        raise ConfigError(f"{source}: '{key}' must {expected}, got {value!r}.")
-
-    for key, choices in _CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            fail(key, "be one of " + ", ".join(choices), value)
-    if not 0.0 <= cfg.scoring.zeta <= 1.0:
-        fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
-    for z in cfg.scoring.report_zetas:
-        if not 0.0 <= z <= 1.0:
-            fail("scoring.report_zetas", "hold values in [0, 1]", z)
-    if cfg.generation.k < 2:
-        fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
-             cfg.generation.k)
-    positive = {
-        "generation.max_new_tokens": cfg.generation.max_new_tokens,
-        "generation.batch_size": cfg.generation.batch_size,
-        "judge.max_new_tokens": cfg.judge.max_new_tokens,
-        "judge.batch_size": cfg.judge.batch_size,
-        "scoring.batch_size": cfg.scoring.batch_size,
-        "http.concurrency": cfg.http.concurrency,
-        "lora.r": cfg.lora.r,
-        "dpo.per_device_train_batch_size": cfg.dpo.per_device_train_batch_size,
-        "dpo.max_steps": cfg.dpo.max_steps,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            fail(key, "be positive", value)
-    for key, cap in (("generation.max_prompt_tokens", cfg.generation.max_prompt_tokens),
-                     ("judge.max_input_tokens", cfg.judge.max_input_tokens)):
-        if cap is not None and cap <= 0:
-            fail(key, "be positive or null", cap)
-    if cfg.dpo.save_steps < 0:
-        fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
-    if cfg.http.context_tokens is not None and cfg.http.context_tokens <= 0:
-        fail("http.context_tokens", "be positive or null", cfg.http.context_tokens)
-    if cfg.dpo.learning_rate <= 0:
-        fail("dpo.learning_rate", "be positive", cfg.dpo.learning_rate)
-    if cfg.generation.temperature < 0:
-        fail("generation.temperature", "be >= 0", cfg.generation.temperature)
-    if not 0.0 < cfg.generation.top_p <= 1.0:
-        fail("generation.top_p", "lie in (0, 1]", cfg.generation.top_p)
-    if cfg.judge.max_retries < 0:
-        fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
-    if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
-        fail("prompts.limit", "be positive or null", cfg.prompts.limit)
-    if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
-        fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
-    uses_http = cfg.policy.backend == "http" or (
-        cfg.judge.role == "external" and cfg.judge.backend == "http"
-    )
-    if uses_http and not cfg.http.base_urls:
-        fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
 
 
 def _build(cls: type, data: Any, path: str, source: str):
@@ -294,14 +276,10 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         raise ConfigError(f"{source}: '{key}' may not be null.")
     base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
     origin = get_origin(base) or base
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-        list: isinstance(value, list),
-        dict: isinstance(value, dict),
-    }.get(origin, True)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {bool: isinstance(value, bool), int: number and isinstance(value, int), float: number,
+          str: isinstance(value, str), list: isinstance(value, list),
+          dict: isinstance(value, dict)}.get(origin, True)
     if origin is float and isinstance(value, str):
         # YAML 1.1 reads 1e-5 (no dot) as a string; accept it as the number it means.
         try:
@@ -309,9 +287,7 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         except ValueError:
             pass
     if not ok:
-        raise ConfigError(
-            f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}."
-        )
+        raise ConfigError(f"{source}: '{key}' must be of type {origin.__name__}, got {value!r}.")
     if origin is list and get_args(base):
         return [_coerce(get_args(base)[0], item, f"{key}[{i}]", source)
                 for i, item in enumerate(value)]
@@ -362,7 +338,3 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config, apply `--set` overrides, validate."""
     data = apply_overrides(read_yaml(path), overrides or [])
     return config_from_dict(data, source=str(path))
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -29,7 +29,6 @@ class Embedder:
         except (OSError, ValueError) as err:
             raise model_load_error(name, err) from None
         self._cache: dict[str, np.ndarray] = {}
-        self.texts_embedded = 0
 
     def embed(self, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
@@ -40,7 +39,6 @@ class Embedder:
                 convert_to_numpy=True, show_progress_bar=False,
             )
             self._cache.update(zip(todo.keys(), vectors, strict=True))
-            self.texts_embedded += len(todo)
         dim = self.model.get_embedding_dimension()
         if not texts:
             return np.zeros((0, dim), dtype=np.float32)

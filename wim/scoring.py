@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from wim.embedders import Embedder
+from wim.errors import InputError
+from wim.parsing import is_nothing_missing, normalize_critique
+from wim.records import RecordsError
 
 
 def rating_norm(rating: int) -> float:
@@ -34,13 +37,32 @@ def to_ten_point(x: float) -> float:
     return x * 5.0 + 5.0
 
 
-def similarities(responses: list[str], critiques: list[str], embedder: Embedder) -> list[float]:
-    """cos(E(response), E(critique)); an empty critique (nothing missing) gives 1.0."""
+def is_tie(gap: float, tolerance: float) -> bool:
+    """True when two values `gap` apart on the 1-10 scale tie under `tolerance` (also on the
+    1-10 scale). The one tie rule of the pairs and the report."""
+    return abs(gap) <= tolerance
+
+
+def ten_point_gap(a: float, b: float) -> float:
+    """The difference of two scores in [-1, 1], measured on the 1-10 scale."""
+    return to_ten_point(a) - to_ten_point(b)
+
+
+def similarities(responses: list[str], critiques: list[str], embedder: Embedder | None
+                 ) -> list[float]:
+    """cos(E(response), E(critique)); a critique that says nothing is missing gives 1.0.
+
+    The nothing-missing rule (wim.parsing.is_nothing_missing: "", "None", "N/A", "Nothing is
+    missing.", ...) is applied here to every critique, so judgements written by another tool
+    score exactly as the formula says, not only those our parser produced.
+    """
     out = [1.0] * len(responses)
-    todo = [i for i, c in enumerate(critiques) if c.strip()]
+    todo = [i for i, c in enumerate(critiques) if not is_nothing_missing(c)]
     if todo:
+        if embedder is None:
+            raise InputError("WIM judgements need an embedder (scoring.embedder)")
         resp = embedder.embed([responses[i] for i in todo])
-        crit = embedder.embed([critiques[i] for i in todo])
+        crit = embedder.embed([critiques[i].strip() for i in todo])
         # Embeddings are unit length, so the dot product is the cosine.
         cos = np.clip(np.sum(resp * crit, axis=1), -1.0, 1.0)
         for i, value in zip(todo, cos, strict=True):
@@ -49,25 +71,30 @@ def similarities(responses: list[str], critiques: list[str], embedder: Embedder)
 
 
 def score_judgements(
-    judgements: list[dict[str, Any]], embedder: Embedder | None, zeta: float
+    judgements: list[dict[str, Any]], embedder: Embedder | None, zeta: float,
+    on_parse_failure: str = "exclude",
 ) -> list[dict[str, Any]]:
     """scores.jsonl records: each judgement plus rating_norm, similarity, score, zeta, embedder.
 
-    A judgement that failed to parse keeps `score: None` and stays out of ranking. In numeric
-    mode (no critique) only zeta = 0 is defined.
+    `on_parse_failure="exclude"`: a judgement that failed to parse keeps `score: None` and stays
+    out of ranking. `"authors"` (the WIM authors' code): an unparseable rating counts as
+    rating_norm 0 (the midpoint) and a missing critique makes the score the rating alone; each
+    such record carries `fallback` ("rating", "critique" or "rating+critique") so it is counted.
+    In numeric mode (no critique in any judgement) only zeta = 0 is defined.
     """
-    ok = [j for j in judgements if j["parse_ok"]]
-    numeric = [j for j in ok if j.get("critique") is None]
+    authors = on_parse_failure == "authors"
+    usable = [j for j in judgements if j["parse_ok"] or authors]
+    numeric = [j for j in judgements if j["parse_ok"] and j.get("critique") is None]
     if numeric and zeta > 0:
-        raise ValueError(
+        raise InputError(
             "these judgements are numeric-only (judge.mode=numeric), so they have no critique "
             f"to embed; set scoring.zeta=0 (got {zeta})"
         )
-    wim = [j for j in ok if j.get("critique") is not None]
+    wim = [j for j in usable if j.get("critique") is not None]
     sims = {}
     if wim:
-        if embedder is None:
-            raise ValueError("WIM judgements need an embedder")
+        if embedder is None and not all(is_nothing_missing(j["critique"]) for j in wim):
+            raise InputError("WIM judgements need an embedder (scoring.embedder)")
         values = similarities([j["response"] for j in wim], [j["critique"] for j in wim], embedder)
         sims = {(j["prompt_id"], j["sample_idx"]): s for j, s in zip(wim, values, strict=True)}
     records = []
@@ -75,10 +102,51 @@ def score_judgements(
         record = dict(j)
         record.update(rating_norm=None, similarity=None, score=None, zeta=zeta,
                       embedder=embedder.name if embedder else None)
+        if isinstance(j.get("critique"), str):
+            record["critique"] = normalize_critique(j["critique"])
         if j["parse_ok"]:
             rn = rating_norm(j["rating"])
             sim = sims.get((j["prompt_id"], j["sample_idx"]))
             record.update(rating_norm=rn, similarity=sim,
                           score=mix_scores(rn, sim if sim is not None else 0.0, zeta))
+        elif authors:
+            record.update(_authors_fallback(j, sims.get((j["prompt_id"], j["sample_idx"])), zeta))
         records.append(record)
     return records
+
+
+def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict[str, Any]:
+    """The authors' handling of a failed parse: rating_norm 0 for an unparseable rating, and
+    the rating alone when the critique is missing."""
+    valid = isinstance(j.get("rating"), int) and 1 <= j["rating"] <= 10
+    rn = rating_norm(j["rating"]) if valid else 0.0
+    missed = ([] if valid else ["rating"]) + ([] if sim is not None else ["critique"])
+    score = rn if sim is None else mix_scores(rn, sim, zeta)
+    return {"rating_norm": rn, "similarity": sim, "score": score, "fallback": "+".join(missed)}
+
+
+def check_judgements(records: list[dict[str, Any]], source: str) -> None:
+    """Validate judgements read from disk (maybe written by another tool) before scoring.
+
+    Raises RecordsError naming the file, the record and the key.
+    """
+    for number, j in enumerate(records, start=1):
+        where = f"{source}, record {number}"
+        for key, kind in (("prompt_id", (str, int)), ("sample_idx", int), ("response", str),
+                          ("parse_ok", bool)):
+            if not isinstance(j.get(key), kind) or (kind is int and isinstance(j[key], bool)):
+                raise RecordsError(f"{where}: '{key}' is missing or not a {_kind(kind)}, got "
+                                   f"{j.get(key)!r}.")
+        critique, rating = j.get("critique"), j.get("rating")
+        if critique is not None and not isinstance(critique, str):
+            raise RecordsError(f"{where}: 'critique' must be a string or null, got {critique!r}.")
+        valid = isinstance(rating, int) and not isinstance(rating, bool) and 1 <= rating <= 10
+        if rating is not None and not valid:
+            raise RecordsError(f"{where}: 'rating' must be an integer in 1..10 or null, got "
+                               f"{rating!r}.")
+        if j["parse_ok"] and rating is None:
+            raise RecordsError(f"{where}: 'parse_ok' is true but 'rating' is null.")
+
+
+def _kind(kind) -> str:
+    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from training.dpo import train_dpo
-from wim.config import Config
+from wim.config import Config, ConfigError
+from wim.errors import InputError
 
 PAIRS = [
     (
@@ -58,6 +59,7 @@ def small_config() -> Config:
     return cfg
 
 
+@pytest.mark.slow
 def test_train_dpo_saves_adapter_and_metrics(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     write_pairs(pairs)
@@ -81,7 +83,7 @@ def test_train_dpo_saves_adapter_and_metrics(tmp_path):
 def test_zero_pairs_raise_a_clear_error(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("")
-    with pytest.raises(ValueError, match="no preference pairs to train on: every prompt tied"):
+    with pytest.raises(InputError, match="no preference pairs to train on: every prompt tied"):
         train_dpo(small_config(), pairs, tmp_path / "train")
 
 
@@ -91,7 +93,7 @@ def test_unknown_extra_key_is_named(tmp_path):
     cfg = small_config()
     # max_prompt_length was a DPOConfig field in older TRL; 1.16 has max_length only.
     cfg.dpo.extra = {"warmup_steps": 1, "max_prompt_length": 64}
-    with pytest.raises(ValueError, match="'max_prompt_length' is not a trl.DPOConfig field"):
+    with pytest.raises(ConfigError, match="'max_prompt_length' is not a trl.DPOConfig field"):
         train_dpo(cfg, pairs, tmp_path / "train")
 
 
@@ -100,5 +102,5 @@ def test_extra_key_that_shadows_a_dpo_field_is_refused(tmp_path):
     write_pairs(pairs)
     cfg = small_config()
     cfg.dpo.extra = {"beta": 0.5}
-    with pytest.raises(ValueError, match="'beta' has its own key; set dpo.beta instead"):
+    with pytest.raises(ConfigError, match="'beta' has its own key; set dpo.beta instead"):
         train_dpo(cfg, pairs, tmp_path / "train")

@@ -1,4 +1,6 @@
-"""report.md with free-text names: per-domain rows survive `/`, and cells are escaped."""
+"""The report's text: per-domain rows survive free-text names (`/`, `|`, `<`) and cells are
+escaped; the echoed-rubric count sits beside the parse-failure rate; the authors' fallback is
+counted, never hidden."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def _rec(prompt_id: str, idx: int, rating: int, similarity: float, domain: str) 
 
 def _report(stats: dict) -> dict:
     base = {"policy/model": "p|<m>", "judge/model": "j", "judge/role": "fixed",
-            "judge/mode": "wim", "score/embedder": "e"}
+            "judge/mode": "wim", "judge/prompt": "ours", "score/embedder": "e"}
     return {**base, **{k: None if isinstance(v, float) and math.isnan(v) else v
                        for k, v in stats.items()}}
 
@@ -37,3 +39,26 @@ def test_a_domain_with_a_slash_keeps_its_statistics_and_is_escaped() -> None:
     cells = {len(line.replace(r"\|", "").split("|")) for line in table}
     assert len(cells) == 1
     assert "p\\|&lt;m&gt;" in markdown and "<m>" not in markdown
+
+
+BASE = {"policy/model": "p", "judge/model": "j", "judge/role": "fixed", "judge/mode": "wim",
+        "judge/prompt": "ours", "score/embedder": "bundled:all-mpnet-base-v2",
+        "judge/count": 20, "judge/parse_failed": 9, "judge/parse_fail_rate": 0.45,
+        "judge/echoed_rubric": 7, "judge/echoed_rubric_rate": 0.35,
+        "judge/echoed_rubric_any_attempt": 15, "judge/echoed_rubric_any_attempt_rate": 0.75}
+
+
+def test_echoed_rubric_count_beside_parse_failures() -> None:
+    text = render_markdown(BASE, Config(), [])
+    assert "9 failed to parse after retries (45.0%), of which 7 echoed the rubric" in text
+    assert "(35.0% of all judgements); 15 (75.0%) echoed it on at least one attempt" in text
+    assert "left out of ranking" in text
+    assert "embedder `bundled:all-mpnet-base-v2`" in text
+
+
+def test_authors_fallback_is_counted_in_the_text() -> None:
+    r = {**BASE, "score/on_parse_failure": "authors", "score/fallback_rating": 3,
+         "score/fallback_critique": 8}
+    text = render_markdown(r, Config(), [])
+    assert "3 with an unparseable rating counted as rating_norm 0" in text
+    assert "8 without a critique scored by the rating alone" in text

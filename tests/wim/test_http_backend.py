@@ -1,7 +1,10 @@
-"""HTTPBackend against a real llama-cpp-python OpenAI-compatible server, and a fault proxy.
+"""HTTPBackend over real HTTP: a fault proxy in front of a small OpenAI-compatible stub server,
+and (slow, with the llama extra) a real llama-cpp-python server.
 
-The server runs the bundled SmolLM2 GGUF. `FaultProxy` is a stdlib HTTP server in a thread that
-sits in front of the real server (or stands alone) and misbehaves on purpose, request by request.
+`StubServer` is a stdlib HTTP server that answers POST /v1/chat/completions with a well-formed
+completion whose text is derived from the request (last user message, seed), so the HTTP is
+real and only the faults are staged. `FaultProxy` sits in front of it (or stands alone) and
+misbehaves on purpose, request by request. These run without llama-cpp-python.
 """
 
 from __future__ import annotations
@@ -21,10 +24,6 @@ from conftest import free_port
 from wim.backends import SamplingParams
 from wim.backends.http_backend import HTTPBackend
 
-pytest.importorskip(
-    "llama_cpp", reason="llama-cpp-python is not installed (pip install 'wim[llama]')"
-)
-
 CONVS = [
     [{"role": "user", "content": "Name three colours."}],
     [{"role": "user", "content": "Why is the sky blue?"}],
@@ -38,6 +37,55 @@ CANNED = {
 
 
 # `server_url` (a real llama-cpp-python server on 127.0.0.1) comes from tests/conftest.py.
+
+
+class StubServer:
+    """An OpenAI-compatible chat-completions endpoint with canned, request-derived replies."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append(request)
+                if self.path != "/v1/chat/completions":
+                    self.send_error(404)
+                    return
+                question = request["messages"][-1]["content"]
+                text = f"stub answer to {question!r} with seed {request.get('seed')}"
+                body = json.dumps({
+                    "object": "chat.completion", "model": request.get("model"),
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": len(question.split()),
+                              "completion_tokens": len(text.split())},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def stub_url():
+    stub = StubServer()
+    yield stub.url
+    stub.close()
 
 
 class FaultProxy:
@@ -136,6 +184,7 @@ def _texts(results) -> list[str]:
     return [c.text for row in results for c in row]
 
 
+@pytest.mark.slow
 def test_real_completions(server_url):
     backend = _backend([server_url])
     results = backend.generate(CONVS, PARAMS, n=2, seed=1)
@@ -146,6 +195,7 @@ def test_real_completions(server_url):
     assert backend.stats == {"requests": 4, "retries": 0, "failures": 0}
 
 
+@pytest.mark.slow
 def test_same_seed_same_text(server_url):
     # The llama.cpp server honours the per-request seed. Its prefix cache makes a logit
     # depend slightly on the previous request, so each run starts after the same warm-up
@@ -163,9 +213,9 @@ def test_same_seed_same_text(server_url):
     assert len(set(first)) > 1  # each sample has its own seed
 
 
-def test_round_robin_over_urls(server_url, proxies):
-    a = proxies(lambda i: "forward", server_url)
-    b = proxies(lambda i: "forward", server_url)
+def test_round_robin_over_urls(stub_url, proxies):
+    a = proxies(lambda i: "forward", stub_url)
+    b = proxies(lambda i: "forward", stub_url)
     backend = _backend([a.url, b.url])
     results = backend.generate(CONVS, PARAMS, n=2)
     assert all(c.ok for row in results for c in row)
@@ -194,11 +244,13 @@ def test_slow_reply_everywhere_is_a_counted_failure(proxies):
 
 
 @pytest.mark.parametrize("fault", ["500", "429"])
-def test_server_error_then_success(server_url, proxies, fault):
-    proxy = proxies(lambda i: fault if i < 2 else "forward", server_url)
+def test_server_error_then_success(stub_url, proxies, fault):
+    proxy = proxies(lambda i: fault if i < 2 else "forward", stub_url)
     backend = _backend([proxy.url], concurrency=1)
-    [[c]] = backend.generate(CONVS[:1], PARAMS)
-    assert c.ok and c.text.strip() and c.completion_tokens > 0
+    [[c]] = backend.generate(CONVS[:1], PARAMS, seed=5)
+    # The reply of the upstream, parsed from real HTTP: the text it derived from this request.
+    assert c.ok and c.text == f"stub answer to {CONVS[0][0]['content']!r} with seed 5"
+    assert c.completion_tokens == len(c.text.split())
     assert proxy.count == 3
     assert backend.stats == {"requests": 3, "retries": 2, "failures": 0}
 
@@ -223,9 +275,9 @@ def test_malformed_body_is_retried_then_fails(proxies, fault):
 
 
 @pytest.mark.parametrize("with_spare", [False, True])
-def test_server_dying_mid_run(server_url, proxies, with_spare):
-    dying = proxies(lambda i: "forward_then_die" if i == 0 else "close", server_url)
-    urls = [dying.url] + ([server_url] if with_spare else [])
+def test_server_dying_mid_run(stub_url, proxies, with_spare):
+    dying = proxies(lambda i: "forward_then_die" if i == 0 else "close", stub_url)
+    urls = [dying.url] + ([stub_url] if with_spare else [])
     backend = _backend(urls, concurrency=2, max_retries=2)
     convs = CONVS + [[{"role": "user", "content": "Count to three."}]]
     start = time.monotonic()

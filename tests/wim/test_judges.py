@@ -35,7 +35,8 @@ def _judge(backend: Backend, **kw) -> BackendJudge:
 def test_failed_parse_is_retried_then_recorded_as_failed() -> None:
     backend = ScriptedBackend(["no format here", "Rating: 11", "Missing: x\nRating: 7.5"])
     [result] = _judge(backend, max_retries=2).judge([("q", "a")])
-    assert not result.parse_ok and result.rating is None and result.critique is None
+    assert not result.parse_ok and result.rating is None
+    assert result.critique == "x"  # what did parse is kept for audit; parse_ok says it failed
     assert result.attempts == 3
     assert result.raw == "Missing: x\nRating: 7.5"  # the raw text of the last attempt is kept
     assert "7.5" in result.error
@@ -49,6 +50,46 @@ def test_retry_that_parses_is_kept() -> None:
     [result] = _judge(backend, max_retries=2).judge([("q", "a")])
     assert result.parse_ok and result.rating == 9 and result.critique == ""
     assert result.attempts == 2
+
+
+ECHO = "Missing: 10 = nothing is missing, 7-9 = minor points missing, 4-6 = a point\nRating: 10"
+
+
+def test_echoed_rubric_is_a_parse_failure_that_is_retried() -> None:
+    backend = ScriptedBackend([ECHO, "Missing: the year it happened\nRating: 6"])
+    [result] = _judge(backend, max_retries=2).judge([("q", "a")])
+    assert result.parse_ok and result.critique == "the year it happened" and result.attempts == 2
+    assert result.echoed_attempts == 1
+
+
+def test_echoed_rubric_after_retries_is_counted_with_its_own_reason() -> None:
+    from wim.metrics import judge_statistics
+
+    [result] = _judge(ScriptedBackend([ECHO] * 3), max_retries=2).judge([("q", "a")])
+    assert not result.parse_ok and result.error == "echoed rubric" and result.critique is None
+    assert result.echoed_attempts == 3
+    record = {"parse_ok": result.parse_ok, "parse_error": result.error, "critique": None,
+              "attempts": result.attempts, "echoed_attempts": result.echoed_attempts}
+    fine = {"parse_ok": True, "parse_error": None, "critique": "x", "attempts": 1,
+            "echoed_attempts": 0}
+    healed = {**fine, "attempts": 2, "echoed_attempts": 1}
+    stats = judge_statistics([record, fine, healed])
+    assert stats["judge/echoed_rubric"] == 1 and stats["judge/parse_failed"] == 1
+    assert stats["judge/echoed_rubric_any_attempt"] == 2
+
+
+def test_instructions_copied_into_the_critique_are_an_echo() -> None:
+    copied = ("Missing: a careful, complete answer would include but this one leaves out\n"
+              "Rating: 5")
+    [result] = _judge(ScriptedBackend([copied]), max_retries=0).judge([("q", "a")])
+    assert result.error == "echoed rubric"
+
+
+def test_authors_format_through_the_judge() -> None:
+    reply = "Correct but thin.\n[[6]]\n[[[It never gives the year, 1789.]]]"
+    [result] = _judge(ScriptedBackend([reply]), prompt="authors").judge([("q", "a")])
+    assert result.parse_ok and result.rating == 6
+    assert result.critique == "It never gives the year, 1789."
 
 
 def test_only_failures_are_asked_again() -> None:
@@ -79,21 +120,27 @@ def bundled() -> TransformersBackend:
     return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
 
 
-def test_guided_format_on_the_bundled_model(bundled: TransformersBackend) -> None:
-    judge = BackendJudge(bundled.reference_view(), role="fixed", model_name="bundled",
+@pytest.mark.slow
+def test_guided_format_on_the_bundled_model(bundled: TransformersBackend, monkeypatch) -> None:
+    reference = bundled.reference_view()
+    calls = []
+    real = reference.generate
+    monkeypatch.setattr(reference, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    judge = BackendJudge(reference, role="fixed", model_name="bundled",
                          criteria="accuracy", max_new_tokens=24, max_retries=0)
     items = [("Why is the sky blue?", "Because of the sun."),
              ("What is 2 + 2?", "4, because two and two make four.")]
     results = judge.judge(items, seed=3)
     for r in results:
-        # One call writes "Missing: <line>\nRating: <value>"; the parser still checks the value.
-        assert r.raw.startswith("Missing:")
-        assert "\nRating:" in r.raw
+        # The guide forces the labels; the value after "Rating:" is the model's own, and the
+        # parser must find a valid 1-10 integer there on the first, greedy attempt.
+        assert r.rating is not None and 1 <= r.rating <= 10, r.raw
         assert r.completion_tokens <= 24
-    assert judge.calls == 1
+    assert len(calls) == 1  # critique and rating in one generate call
 
 
-def test_fixed_judge_disables_the_adapter(bundled: TransformersBackend) -> None:
+@pytest.mark.slow
+def test_fixed_judge_disables_a_peft_model_adapter(bundled: TransformersBackend) -> None:
     from peft import LoraConfig, get_peft_model
 
     from wim.backends import SamplingParams

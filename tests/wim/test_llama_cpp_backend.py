@@ -8,7 +8,7 @@ import pytest
 
 from wim.backends import SamplingParams
 from wim.backends.llama_cpp_backend import LlamaCppBackend, resolve_gguf
-from wim.models import BUNDLED_POLICY
+from wim.models import BUNDLED_POLICY, ModelNotFoundError
 
 CONVS = [
     [{"role": "user", "content": "Explain why ice floats on water."}],
@@ -74,9 +74,9 @@ def test_too_long_prompt_is_a_failed_completion(backend):
 
 
 def test_non_gguf_name_is_refused():
-    with pytest.raises(ValueError, match="needs a GGUF file"):
+    with pytest.raises(ModelNotFoundError, match="needs a GGUF file"):
         resolve_gguf("HuggingFaceTB/SmolLM2-135M-Instruct")
-    with pytest.raises(ValueError, match="GGUF file not found"):
+    with pytest.raises(ModelNotFoundError, match="GGUF file not found"):
         resolve_gguf("/nowhere/model.gguf")
 
 

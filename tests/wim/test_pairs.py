@@ -6,6 +6,7 @@ import pytest
 
 from wim.config import PairsConfig
 from wim.pairs import build_pairs, group_by_prompt, pair_row
+from wim.scoring import mix_scores
 
 
 def _rec(prompt_id: str, idx: int, score: float | None, rating: int | None = 5,
@@ -148,12 +149,35 @@ def test_tie_random_is_deterministic_and_uses_the_seed():
     assert orders[0] != orders[1]
 
 
-def test_tie_tolerance():
+def test_tie_tolerance_is_on_the_ten_point_scale():
+    # 0.5 vs 0.49 on the raw [-1, 1] scale is 7.5 vs 7.45 on the 1-10 scale: a gap of 0.05.
     scored = _prompt("a", [0.5, 0.49])
-    rows, counts = build_pairs(scored, PairsConfig(tie_tolerance=0.05))
+    rows, counts = build_pairs(scored, PairsConfig(tie_tolerance=0.06))
     assert rows == [] and counts.ties == 1
-    rows, counts = build_pairs(scored, PairsConfig(tie_tolerance=0.001))
+    rows, counts = build_pairs(scored, PairsConfig(tie_tolerance=0.04))
     assert len(rows) == 1 and counts.ties == 0
+    # On the raw scale 0.02 would call this a tie; on the 1-10 scale it is not.
+    rows, counts = build_pairs(scored, PairsConfig(tie_tolerance=0.02))
+    assert len(rows) == 1 and counts.ties == 0
+
+
+@pytest.mark.parametrize("tol", [0.04, 0.06, 0.3, 0.7])
+def test_pairs_and_report_count_the_same_ties(tol):
+    """One tie rule: the ties build_pairs counts equal the report's tie count of the score that
+    ranked them (the mixed system at the same zeta), for every tolerance."""
+    from wim.metrics import pair_statistics
+
+    zeta = 0.4
+    scored = []
+    for pid, sims in {"a": [0.5, 0.49], "b": [0.2, 0.3], "c": [0.9, 0.8], "d": [0.1, 0.1]}.items():
+        for i, sim in enumerate(sims):
+            rn = 0.2 * i if pid == "d" else 0.0
+            scored.append({"prompt_id": pid, "sample_idx": i, "messages": [], "response": "r",
+                           "rating": 5, "rating_norm": rn, "similarity": sim,
+                           "score": mix_scores(rn, sim, zeta), "zeta": zeta})
+    _, counts = build_pairs(scored, PairsConfig(strategy="all", tie_tolerance=tol))
+    stats = pair_statistics(scored, zeta, [], tol)
+    assert counts.ties == round(stats["pairs/tie_rate/mixed"] * stats["pairs/sample_pairs/mixed"])
 
 
 # --- unusable samples ------------------------------------------------------------------------

@@ -291,3 +291,87 @@ def test_templates_have_only_the_criteria_field() -> None:
 def test_build_judge_messages_rejects_unknown_options(kwargs: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_judge_messages(QUESTION, ANSWER, criteria="c", **kwargs)
+
+
+# --- the authors' format and echoed rubrics --------------------------------------------------
+
+
+@pytest.mark.parametrize("text, rating, critique", [
+    ("Accurate but thin.\n[[6]]\n[[[It never says when it was signed.]]]", 6,
+     "It never says when it was signed."),
+    ("Complete and correct. [[10]] [[[]]]", 10, ""),
+    ("Fine. [[ 8 ]]\n[[[None]]]", 8, ""),
+    ("First I thought [[3]], but on reflection [[7]].\n[[[a]]] then [[[The dosage.]]]", 7,
+     "The dosage."),
+])
+def test_authors_format(text: str, rating: int, critique: str) -> None:
+    parsed = parse_judgement(text)
+    assert parsed.ok and parsed.rating == rating and parsed.critique == critique
+
+
+@pytest.mark.parametrize("text, error", [
+    ("Good answer. [[8]]", "no '[[[...]]]' field"),
+    ("Hmm. [[7.5]] [[[x]]]", "rating 7.5 is not an integer"),
+    ("Hmm. [[eleven]] [[[x]]]", "is not a number"),
+    ("Hmm. [[11]] [[[x]]]", "outside 1..10"),
+])
+def test_authors_format_failures(text: str, error: str) -> None:
+    parsed = parse_judgement(text)
+    assert not parsed.ok and error in parsed.error
+
+
+def test_authors_format_in_numeric_mode_needs_no_critique() -> None:
+    parsed = parse_judgement("Good. [[9]]", mode="numeric")
+    assert parsed.ok and parsed.rating == 9 and parsed.critique is None
+
+
+# Real critiques the bundled SmolLM2 judge wrote in the quickstart (the scale echoed back).
+ECHOES = [
+    "10 = nothing, 7-9 = minor points missing, 4-6 = a point that matters is missing, 1-3 = most",
+    "10 = nothing is missing, 7-9 = a point that matters is missing",
+    "10 = nothing about the answer is missing.",
+    "10 = nothing, 10 = nothing, 10 = nothing",
+]
+
+
+@pytest.mark.parametrize("critique", ECHOES)
+def test_echoed_scale_is_a_failure_with_its_own_reason(critique: str) -> None:
+    parsed = parse_judgement(f"Missing: {critique}\nRating: 10")
+    assert not parsed.ok and parsed.error == "echoed rubric"
+    assert parsed.critique is None and parsed.rating == 10  # the rating is still reported
+
+
+def test_copied_instructions_are_an_echo_only_against_those_instructions() -> None:
+    from wim.judge_prompts import build_judge_instructions
+
+    instructions = build_judge_instructions("accuracy")
+    text = ("Missing: specific content a careful, complete answer would include but this one "
+            "leaves out\nRating: 5")
+    assert parse_judgement(text, instructions=instructions).error == "echoed rubric"
+    assert parse_judgement(text).ok  # without the instructions there is nothing to compare
+
+
+@pytest.mark.parametrize("critique", [
+    "It does not give the dosage or warn about stomach bleeding.",
+    "The year, 1789, and the storming of the Bastille.",
+    "Step 3 of the proof, where x = 2 is substituted.",
+])
+def test_real_critiques_are_not_echoes(critique: str) -> None:
+    from wim.judge_prompts import build_judge_instructions
+
+    parsed = parse_judgement(f"Missing: {critique}\nRating: 6",
+                             instructions=build_judge_instructions("accuracy"))
+    assert parsed.ok and parsed.critique == critique
+
+
+def test_authors_prompt_asks_for_their_structure_in_the_system_turn() -> None:
+    messages = build_judge_messages(QUESTION, ANSWER, criteria=CRITERIA, prompt_style="authors")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    instructions = messages[0]["content"]
+    assert "[[" in instructions and "[[[]]]" in instructions and CRITERIA in instructions
+    for word in ("knowledge", "depth", "creativity", "detail"):
+        assert word in instructions
+    assert "Missing:" not in instructions  # not our format
+    with pytest.raises(ValueError, match="mode 'wim'"):
+        build_judge_messages(QUESTION, ANSWER, criteria="c", mode="numeric",
+                             prompt_style="authors")

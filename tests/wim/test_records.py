@@ -13,12 +13,11 @@ from wim.records import (
     JsonlAppender,
     RecordsError,
     index_by_key,
-    iter_sorted,
     read_records,
     record_key,
     write_records_atomic,
 )
-from wim.rundir import DATA_SECTIONS, RunDir, RunDirError
+from wim.rundir import RunDir, RunDirError, identity_sha256
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 
@@ -144,13 +143,11 @@ def test_write_records_atomic_replaces_the_file(tmp_path):
     assert path.read_bytes() == b""
 
 
-def test_index_and_sorted_order():
+def test_index_by_key():
     records = [_sample("b", 1), _sample("a", 0), _sample("b", 0), _sample("c", 0)]
     index = index_by_key(records)
     assert set(index) == {("b", 1), ("a", 0), ("b", 0), ("c", 0)}
-    ordered = [record_key(r) for r in iter_sorted(index, ["b", "a"])]
-    # Prompt order first, unknown prompts last, then sample order.
-    assert ordered == [("b", 0), ("b", 1), ("a", 0), ("c", 0)]
+    assert index[("b", 1)] is records[0]
 
 
 def test_record_key_normalizes_types():
@@ -166,7 +163,7 @@ def test_claim_creates_folder_and_saves_config(tmp_path):
     run.claim(cfg)
     meta = yaml.safe_load(run.config_file.read_text())
     assert meta["sha256"] == cfg.sha256()
-    assert meta["data_sha256"] == cfg.sha256(DATA_SECTIONS)
+    assert meta["data_sha256"] == identity_sha256(cfg)
     assert meta["shard"] is None
     assert "versions" in meta and "git_sha" in meta
     assert run.load_config() == cfg

@@ -18,10 +18,13 @@ __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "Transform
            "open_backend", "sample_seed"]
 
 
-def open_backend(kind: str, model: str, cfg, batch_size: int = 8) -> Backend:
-    """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config)."""
+def open_backend(kind: str, model: str, cfg, batch_size: int = 8,
+                 adapter: str | None = None) -> Backend:
+    """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config).
+
+    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that)."""
     if kind == "transformers":
-        return TransformersBackend.load(model, batch_size=batch_size)
+        return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter)
     if kind == "llama_cpp":
         from wim.backends.llama_cpp_backend import LlamaCppBackend
 

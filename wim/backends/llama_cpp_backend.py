@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
-from wim.models import BUNDLED_POLICY, bundled_gguf_path
+from wim.models import BUNDLED_POLICY, ModelNotFoundError, bundled_gguf_path
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ def resolve_gguf(name: str) -> Path:
     if name.lower().endswith(".gguf"):
         path = Path(name).expanduser()
         if not path.is_file():
-            raise ValueError(f"GGUF file not found: {path}")
+            raise ModelNotFoundError(f"GGUF file not found: {path}")
         return path
-    raise ValueError(
+    raise ModelNotFoundError(
         f"the llama_cpp backend needs a GGUF file: got '{name}'. Pass a path ending in .gguf "
         f"or '{BUNDLED_POLICY}' (a transformers folder or hub id needs the transformers backend)"
     )

@@ -35,12 +35,25 @@ class TransformersBackend(Backend):
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def load(cls, name: str, batch_size: int = 8) -> TransformersBackend:
-        model, tokenizer = load_causal_lm(name)
+    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None
+             ) -> TransformersBackend:
+        """Load `name` (and attach the LoRA `adapter` folder, if given) through
+        `wim.models.load_causal_lm`, the same path the pipeline uses."""
+        model, tokenizer = load_causal_lm(name, adapter=adapter)
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
-        """The same weights with any LoRA adapter disabled: the frozen reference, no copy."""
+        """The same weights with any LoRA adapter disabled: the frozen reference, no copy.
+
+        Works for a peft `PeftModel` and for an adapter attached with transformers' PEFT
+        integration (`load_adapter`), see `adapters_off`; LoRA layers that cannot be switched
+        off are refused rather than silently judged with the adapter on.
+        """
+        if not _can_switch_adapters(self.model) and _has_lora_layers(self.model):
+            raise RuntimeError(
+                "the policy carries LoRA layers that are not peft adapter layers, so they "
+                "cannot be switched off; a fixed judge would judge with them on"
+            )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True)
 
@@ -102,8 +115,8 @@ class TransformersBackend(Backend):
                                 label=params.guide_label,
                                 max_critique_tokens=max(1, params.max_new_tokens - 6))
             kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
-        adapter_off = getattr(self.model, "disable_adapter", None) if self.without_adapter else None
-        with torch.inference_mode(), (adapter_off() if adapter_off else contextlib.nullcontext()):
+        adapter_off = adapters_off(self.model) if self.without_adapter else contextlib.nullcontext()
+        with torch.inference_mode(), adapter_off:
             out = self.model.generate(**enc, **kwargs)
         prompt_len = enc.input_ids.shape[1]
         new = out[:, prompt_len:]
@@ -134,6 +147,51 @@ def length_groups(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
     if lengths:
         groups.append((start, len(lengths)))
     return groups
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """Run the block with every LoRA adapter of `model` disabled, then restore them.
+
+    Two ways a model carries an adapter: a peft `PeftModel` (context `disable_adapter()`), or a
+    transformers model with an adapter attached by its PEFT integration (`load_adapter`). The
+    latter's `disable_adapters()` demands peft >= 0.22 in transformers 5.24 while the stack pins
+    peft 0.21, so its adapter layers are switched here, one peft tuner layer at a time, as that
+    method does; their trainable flags are restored afterwards.
+    """
+    if callable(getattr(model, "disable_adapter", None)):
+        with model.disable_adapter():
+            yield
+        return
+    layers = _tuner_layers(model)
+    was_disabled = [layer.disable_adapters for layer in layers]
+    grads = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer, disabled in zip(layers, was_disabled, strict=True):
+            layer.enable_adapters(not disabled)
+        for param, grad in grads:
+            param.requires_grad_(grad)
+
+
+def _tuner_layers(model) -> list:
+    """peft's adapter layers inside `model` ([] without peft or without adapters)."""
+    if not (getattr(model, "_hf_peft_config_loaded", False) or _has_lora_layers(model)):
+        return []
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+
+
+def _can_switch_adapters(model) -> bool:
+    return callable(getattr(model, "disable_adapter", None)) or bool(_tuner_layers(model))
+
+
+def _has_lora_layers(model) -> bool:
+    return any("lora_" in name for name, _ in model.named_modules())
 
 
 def _count_generated(ids, tokenizer) -> int:

@@ -1,0 +1,53 @@
+"""DPO moves the right way: after a few real steps on pairs whose chosen side is clearly better
+(correct, complete answers against garbage), the implicit reward margin on held-out pairs of the
+same kind is positive.
+
+Implicit reward of a response y: beta * (log p_policy(y | x) - log p_ref(y | x)), the reference
+being the same weights with the adapter off. Checked once by hand with chosen and rejected
+swapped in training (`train_small_adapter(out, swap=True)`, same settings): the three held-out
+margins came out -4.76, -5.35 and -3.49, so this test fails if the pairs' direction is reversed
+anywhere between pairs.jsonl and TRL.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import HELD_OUT
+
+BETA = 0.1
+
+
+def response_logprob(model, tokenizer, prompt: str, response: str) -> float:
+    """Sum of log p(response tokens | chat-formatted prompt)."""
+    import torch
+
+    head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    head_ids = tokenizer(head, add_special_tokens=False).input_ids
+    ids = tokenizer(head + response, add_special_tokens=False).input_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    targets = torch.tensor(ids[1:])
+    picked = logp[torch.arange(len(targets)), targets]
+    return float(picked[len(head_ids) - 1 :].sum())
+
+
+def implicit_margins(adapter) -> list[float]:
+    from wim.backends.transformers_backend import adapters_off
+    from wim.models import BUNDLED_POLICY, load_causal_lm
+
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY, adapter=str(adapter))
+    margins = []
+    for prompt, good, bad in HELD_OUT:
+        policy = [response_logprob(model, tokenizer, prompt, y) for y in (good, bad)]
+        with adapters_off(model):
+            ref = [response_logprob(model, tokenizer, prompt, y) for y in (good, bad)]
+        margins.append(BETA * ((policy[0] - ref[0]) - (policy[1] - ref[1])))
+    return margins
+
+
+@pytest.mark.slow
+def test_implicit_reward_margin_is_positive_on_held_out_pairs(trained_adapter) -> None:
+    margins = implicit_margins(trained_adapter)
+    assert all(m > 0 for m in margins), margins

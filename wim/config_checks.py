@@ -1,0 +1,93 @@
+"""Range, choice and combination checks of a loaded config (see config.py).
+
+Each failure raises `ConfigError` naming the dotted key, what was expected and the value, so
+a bad value is reported before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wim.errors import ConfigError
+
+_CHOICES = {
+    "policy.backend": ("transformers", "llama_cpp", "http"),
+    "judge.backend": ("transformers", "llama_cpp", "http"),
+    "judge.role": ("fixed", "changing", "external"),
+    "judge.mode": ("wim", "numeric"),
+    "judge.instructions_in": ("system", "user"),
+    "generation.overlong": ("truncate", "skip"),
+    "judge.overlong": ("truncate", "skip"),
+    "judge.prompt": ("ours", "authors"),
+    "judge.on_parse_failure": ("exclude", "authors"),
+    "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
+    "pairs.tie_policy": ("drop", "first", "random"),
+}
+
+
+_POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
+             "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
+             "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate")
+
+
+def _get(cfg, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def validate(cfg, source: str = "config") -> None:
+    """Check ranges and choices; raise ConfigError naming the key and what is expected."""
+
+    def fail(key: str, expected: str, value: Any) -> None:
+        raise ConfigError(f"{source}: '{key}' must {expected}, got {value!r}.")
+
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            fail(key, "be one of " + ", ".join(choices), _get(cfg, key))
+    if not 0.0 <= cfg.scoring.zeta <= 1.0:
+        fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
+    for z in cfg.scoring.report_zetas:
+        if not 0.0 <= z <= 1.0:
+            fail("scoring.report_zetas", "hold values in [0, 1]", z)
+    if cfg.generation.k < 2:
+        fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
+             cfg.generation.k)
+    for key in _POSITIVE:
+        if _get(cfg, key) <= 0:
+            fail(key, "be positive", _get(cfg, key))
+    for key, cap in (("generation.max_prompt_tokens", cfg.generation.max_prompt_tokens),
+                     ("judge.max_input_tokens", cfg.judge.max_input_tokens),
+                     ("http.context_tokens", cfg.http.context_tokens)):
+        if cap is not None and cap <= 0:
+            fail(key, "be positive or null", cap)
+    if cfg.dpo.save_steps < 0:
+        fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
+    if cfg.generation.temperature < 0:
+        fail("generation.temperature", "be >= 0", cfg.generation.temperature)
+    if not 0.0 < cfg.generation.top_p <= 1.0:
+        fail("generation.top_p", "lie in (0, 1]", cfg.generation.top_p)
+    if cfg.judge.max_retries < 0:
+        fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
+    if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
+        fail("prompts.limit", "be positive or null", cfg.prompts.limit)
+    _validate_combinations(cfg, fail)
+
+
+def _validate_combinations(cfg, fail) -> None:
+    """Values that are fine alone but not together."""
+    if cfg.judge.prompt == "authors" and cfg.judge.mode != "wim":
+        fail("judge.prompt", "be 'ours' when judge.mode is 'numeric' (the authors' prompt asks "
+             "for a critique; their numeric baseline is scoring.zeta 0 on the WIM pass)",
+             cfg.judge.prompt)
+    if cfg.pairs.tie_tolerance < 0:
+        fail("pairs.tie_tolerance", "be >= 0", cfg.pairs.tie_tolerance)
+    if cfg.policy.adapter and cfg.policy.backend != "transformers":
+        fail("policy.adapter", "be null unless policy.backend is 'transformers'",
+             cfg.policy.adapter)
+    if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
+        fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
+    uses_http = cfg.policy.backend == "http" or (
+        cfg.judge.role == "external" and cfg.judge.backend == "http"
+    )
+    if uses_http and not cfg.http.base_urls:
+        fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
