@@ -103,26 +103,37 @@ def _mpnet_pieces() -> list[Path]:
 
 
 def _unzipped_mpnet() -> Path:
-    """Join the pieces and unzip once into the cache (atomically, like the GGUF conversion)."""
+    """Join the pieces and unzip once into the cache."""
+    return _build_once(cache_dir() / "all-mpnet-base-v2", _unzip_mpnet,
+                       f"unzipping {BUNDLED_MPNET}")
+
+
+def _unzip_mpnet(tmp: Path) -> Path:
     import zipfile
 
-    target = cache_dir() / "all-mpnet-base-v2"
+    joined = tmp / "joined.zip"
+    with joined.open("wb") as out:
+        for piece in _mpnet_pieces():
+            with piece.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+    with zipfile.ZipFile(joined) as archive:
+        archive.extractall(tmp / "unzipped")
+    folder = _model_root(tmp / "unzipped")
+    for stray in folder.rglob("desktop.ini"):
+        stray.unlink()
+    return folder
+
+
+def _build_once(target: Path, build, what: str) -> Path:
+    """`target`, built by `build(tmp) -> folder` the first time. The build writes into a private
+    temporary folder that is then renamed: two processes building at once each finish their own
+    copy, and only a complete folder ever appears under `target`."""
     if (target / "config.json").exists():
         return target
-    pieces = _mpnet_pieces()
-    logger.info("unzipping %s once into %s", BUNDLED_MPNET, target)
-    tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
+    logger.info("%s once into %s", what, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        joined = tmp / "joined.zip"
-        with joined.open("wb") as out:
-            for piece in pieces:
-                with piece.open("rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 20)
-        with zipfile.ZipFile(joined) as archive:
-            archive.extractall(tmp / "unzipped")
-        folder = _model_root(tmp / "unzipped")
-        for stray in folder.rglob("desktop.ini"):
-            stray.unlink()
+        folder = build(tmp)
         try:
             os.rename(folder, target)
         except OSError:
@@ -153,24 +164,12 @@ def resolve_causal_lm(name: str) -> str:
 
 
 def _converted_smollm2() -> Path:
-    target = cache_dir() / "smollm2-135m-instruct"
-    if (target / "config.json").exists():
-        return target
-    gguf = bundled_gguf_path()
-    logger.info("converting %s once into %s (about 15 s)", gguf.name, target)
-    # Write to a private temporary folder, then rename: two processes converting at once
-    # each finish their own copy, and only a complete folder ever appears under `target`.
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        _convert_gguf(gguf, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    def convert(tmp: Path) -> Path:
+        _convert_gguf(bundled_gguf_path(), tmp / "model")
+        return tmp / "model"
+
+    return _build_once(cache_dir() / "smollm2-135m-instruct", convert,
+                       "converting the bundled GGUF (about 15 s)")
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
