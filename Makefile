@@ -1,5 +1,5 @@
 # Two commands get a newcomer from a clone to a trained model and a green test run:
-#   make quickstart   install, then run every stage on the bundled models (~5 min, 2 CPUs)
+#   make quickstart   install, then run every stage on the bundled models (~10 min, 2 CPUs)
 #   make test         install (with the llama.cpp extra), then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
