@@ -120,7 +120,10 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
             prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
-            done = finished_stats(run, stage, fingerprint)
+            # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
+            # picks up files the fingerprint does not cover (rounds/, plots/ of other tools).
+            rebuild = stage == "report" and stages == ("report",)
+            done = None if rebuild else finished_stats(run, stage, fingerprint)
             if done is not None:
                 logger.info("stage %s: config and inputs unchanged since it finished; skipped",
                             stage)
