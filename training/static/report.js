@@ -1,5 +1,5 @@
 // The critique browser of report.html. Model text is only ever written with textContent, never
-// as HTML, so a response holding <script> or <img onerror=...> shows as text and runs nothing.
+// as HTML, so a response holding a script element or an onerror attribute shows as text.
 (function () {
   "use strict";
   var entries = JSON.parse(document.getElementById("wim-data").textContent);
