@@ -100,21 +100,23 @@ def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | No
             label = SYSTEM_LABELS[system]
             if single:
                 bars = ax.bar([n], ys, color=f"C{n}", label=label)
+                ax.bar_label(bars, fmt="%.2f")
                 drawn[metric][label] = [xs, [float(b.get_height()) for b in bars]]
             else:
                 line, = ax.plot(xs, ys, marker="o", color=f"C{n}", label=label)
                 drawn[metric][label] = [[float(v) for v in line.get_xdata()],
                                         [float(v) for v in line.get_ydata()]]
         ax.set_ylim(bottom=0)
-        if single:
-            ax.set_title(f"{title} (round {rounds[0]['round']})")
-            ax.set_xticks([])
+        if single:  # one round: the systems side by side, named on the axis
+            ax.set_title(f"{title} (one round)")
+            ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()))
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the value labels
         else:
             ax.set_title(f"{title} per round")
             ax.set_xlabel("round")
             ax.set_xticks(sorted({r["round"] for r in rounds}))
-        if drawn[metric]:
-            ax.legend(fontsize="small")
+            if drawn[metric]:
+                ax.legend(fontsize="small")
     if not any(drawn.values()):
         plt.close(fig)
         return None
