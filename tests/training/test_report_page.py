@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,11 @@ def test_no_warning_for_a_strong_judge_and_stale_plots_go(tmp_path: Path) -> Non
     assert not (run / "plots" / "win_rates.png").exists()
     assert sorted(p.name for p in (run / "plots").glob("*.png")) == ["rounds.png",
                                                                      "score_hist.png"]
+    # `wim report DIR` alone always rebuilds, so it picks up a plot another tool added since.
+    shutil.copy(run / "plots" / "rounds.png", run / "plots" / "refine_quality.png")
+    proc = run_wim(["report", str(run)])
+    assert "skipped" not in proc.stderr
+    assert "refine_quality.png</figcaption>" in (run / "report.html").read_text()
 
 
 def test_a_broken_eval_json_is_a_clear_error(tmp_path: Path) -> None:
