@@ -104,6 +104,27 @@ def markdown_to_html(markdown: str, base: Path) -> str:
 def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
                 small_judge: bool) -> str:
     """The whole page: the report, then the critique browser over `entries`."""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>WIM run report</title>
+<link rel="icon" href="data:,">
+<style>{_static("report.css")}</style>
+</head>
+<body>
+<main>
+{markdown_to_html(markdown, base)}
+{_browser(entries, small_judge)}
+</main>
+</body>
+</html>
+"""
+
+
+def _browser(entries: list[dict[str, Any]], small_judge: bool) -> str:
+    """The critique browser: filters, an empty list that report.js fills, and its data."""
     warning = ("<div class='note warning banner' role='alert'><strong>Mechanical numbers."
                "</strong> The judge is the bundled 135M model: these ratings and critiques "
                "are close to noise. They show that every stage runs, not that WIM beats "
@@ -112,7 +133,7 @@ def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
     options = "".join(f"<option value='{html.escape(d, quote=True)}'>{html.escape(d or '(none)')}"
                       "</option>" for d in domains)
     counts = {k: sum(e["kind"] == k for e in entries) for k in ("pair", "tie", "unpaired")}
-    browser = f"""
+    return f"""
 <section id="browser">
 <h2>Critique browser</h2>
 {warning}
@@ -128,8 +149,8 @@ judgements show the judge's raw text.</p>
 <option value="">everything</option><option value="pair">pairs</option>
 <option value="tie">ties</option><option value="failed">parse failures</option>
 <option value="clean">no tie, no failure</option></select></label>
-<label>Search <input id="f-text" type="search" placeholder="text in prompt, response,
-critique"></label>
+<label>Search <input id="f-text" type="search"
+placeholder="text in prompt, responses, critiques"></label>
 <span id="shown-count" aria-live="polite"></span>
 </div>
 <div id="entries"></div>
@@ -137,20 +158,3 @@ critique"></label>
 </section>
 <script type="application/json" id="wim-data">{script_json(entries)}</script>
 <script>{_static("report.js")}</script>"""
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>WIM run report</title>
-<link rel="icon" href="data:,">
-<style>{_static("report.css")}</style>
-</head>
-<body>
-<main>
-{markdown_to_html(markdown, base)}
-{browser}
-</main>
-</body>
-</html>
-"""
