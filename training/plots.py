@@ -208,8 +208,6 @@ def make_plots(cfg, run, report: dict[str, Any],
                evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
     """Draw every plot the run directory has data for; (relative path, caption) of each PNG
     in DIR/plots/, ours first, then any other PNG found there."""
-    import json
-
     from wim.records import read_keyed
 
     folder = run.file("plots")
@@ -219,11 +217,32 @@ def make_plots(cfg, run, report: dict[str, Any],
     rounds = report.get("rounds") or [{"round": 0, **{k: v for k, v in report.items()
                                                       if k.startswith("pairs/")}}]
     plot_rounds(rounds, folder / "rounds.png")
-    history_file = run.file("train") / "log_history.json"
-    if history_file.is_file():
-        plot_training(json.loads(history_file.read_text()), folder / "train.png")
+    history = training_history(run)
+    if history:
+        plot_training(history, folder / "train.png")
     if evaluation:
         plot_win_rates(evaluation.get("comparisons", []), folder / "win_rates.png")
     found = sorted(p.name for p in folder.glob("*.png")) if folder.is_dir() else []
     ours = [(f"plots/{n}", c) for n, c in OWN_PLOTS.items() if n in found]
     return ours + [(f"plots/{n}", n) for n in found if n not in OWN_PLOTS]
+
+
+def training_history(run) -> list[dict[str, Any]]:
+    """TRL's per-step log: DIR/rounds/<r>/train/log_history.json of every round, steps
+    numbered on across rounds, when a multi-round run has them; else DIR/train/log_history.json."""
+    import json
+
+    folder = run.file("rounds")
+    files = sorted((p for p in folder.glob("*/train/log_history.json")
+                    if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3])) \
+        if folder.is_dir() else []
+    if not files:
+        single = run.file("train") / "log_history.json"
+        return json.loads(single.read_text()) if single.is_file() else []
+    history: list[dict[str, Any]] = []
+    offset = 0
+    for path in files:
+        entries = [h for h in json.loads(path.read_text()) if isinstance(h.get("step"), int)]
+        history += [{**h, "step": h["step"] + offset} for h in entries]
+        offset += max((h["step"] for h in entries), default=0)
+    return history

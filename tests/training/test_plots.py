@@ -95,3 +95,25 @@ def test_win_rate_plot_draws_rates_and_wilson_intervals(tmp_path) -> None:
     assert drawn["win_rate"] == pytest.approx([0.62, 0.48])
     assert drawn["low"] == [0.5, 0.37] and drawn["high"] == [0.72, 0.59]
     assert plot_win_rates([{"name": "x", "win_rate": math.nan}], tmp_path / "w2.png") is None
+
+
+def test_training_history_runs_on_across_rounds(tmp_path) -> None:
+    import json
+
+    from training.plots import training_history
+    from wim.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    assert training_history(run) == []
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "log_history.json").write_text(json.dumps(HISTORY[:2]))
+    assert [h["step"] for h in training_history(run)] == [1, 2]
+    for r, losses in ((0, [0.69, 0.68]), (1, [0.66, 0.6, 0.55])):
+        folder = tmp_path / "rounds" / str(r) / "train"
+        folder.mkdir(parents=True)
+        folder.joinpath("log_history.json").write_text(json.dumps(
+            [{"loss": x, "step": i + 1} for i, x in enumerate(losses)]))
+    history = training_history(run)  # the rounds' logs win over DIR/train's
+    assert [(h["step"], h["loss"]) for h in history] == [
+        (1, 0.69), (2, 0.68), (3, 0.66), (4, 0.6), (5, 0.55)]
+    assert plot_training(history, tmp_path / "t.png")["loss"][0] == [1, 2, 3, 4, 5]
