@@ -14,7 +14,8 @@ recorded as a failure with its reason and the raw texts: never a win for either 
 neutral score. A backend failure is a failure too (`failure` starts with "backend failed").
 Local backends are walked through the format as the judge is: the assistant turn is prefilled
 with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is forced after
-one line (wim/backends/guided.py); the value itself is the model's, and the parser checks it.
+one line and the value is restricted to the valid choices (A, B, tie; 1..10) by guided
+decoding (wim/backends/guided.py): the model's most likely valid choice, still parsed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ EMPTY_ANSWER = "(empty answer)"
 _VERDICT = re.compile(r"(?i:verdict)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)"
                       r"(?:[ \t]+(?P<w>\w+))?")
 _SCORE = re.compile(r"(?i:score)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)")
+# The values a local guided backend may write after each label.
+_CHOICES = {"Verdict:": ("A", "B", "tie"), "Score:": tuple(str(n) for n in range(1, 11))}
 _TIE_WORDS = {"tie", "tied", "equal", "draw", "same", "both", "neither"}
 
 
@@ -205,7 +208,8 @@ class BlindEvaluator:
             return []
         b = self.backend
         if b.supports_prefill and b.supports_guide:
-            params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label)
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label,
+                                    guide_choices=_CHOICES[label])
             outs = self._generate(convs, params, seed, REASON_PREFILL)
             return [(REASON_PREFILL + o.text, _error(o), _tokens(o)) for o in outs]
         if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
