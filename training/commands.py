@@ -67,7 +67,7 @@ def compare_command(args) -> int:
 
 
 def validity_command(args) -> int:
-    from training.validity import scorer_validity
+    from data_gen.validity import scorer_validity
 
     cfg = load_config(args.config, args.overrides)
     report = scorer_validity(cfg, args.gold, limit=args.limit, out=Path(args.out) if args.out

@@ -36,7 +36,7 @@ from wim.blind import open_blind_evaluator
 from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
-from wim.records import read_keyed, write_records_atomic
+from wim.records import read_keyed, read_records, write_records_atomic
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -74,25 +74,30 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
     shared.claim(cfg)
     run_stages(cfg, shared, ("generate", "judge"), progress=progress)
     shared.save_config(cfg)
-    arm_runs = {}
+    arm_runs, untrained = {}, {}  # trained arms; every arm
     for name, zeta in arms_of(cfg):
         logger.info("arm %s (zeta %g)", name, zeta)
         arm_cfg = dataclasses.replace(cfg, scoring=dataclasses.replace(cfg.scoring, zeta=zeta))
         run = RunDir(out / "arms" / name)
         run.claim(arm_cfg)
         _copy_shared(shared, run)
+        run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
         if name == RANDOM_ARM:
-            run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
             randomize_pairs(run.pairs, cfg.seed)
             shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
+        if read_records(run.pairs):
             run_stages(arm_cfg, run, ("train",), progress=progress)
-        else:
-            run_stages(arm_cfg, run, ("score", "pairs", "train"), progress=progress)
+            arm_runs[name] = (zeta, run)
+        else:  # reported as such; an arm without pairs has nothing to train or evaluate
+            logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
         run.save_config(arm_cfg)
-        arm_runs[name] = (zeta, run)
+        untrained[name] = (zeta, run)
+    if not arm_runs:
+        raise InputError("no arm had a single preference pair to train on; use more prompts or "
+                         "samples per prompt (prompts.limit, generation.k).")
     report = _evaluate_arms(cfg, shared, arm_runs, progress)
-    report["arms"] = [arm_summary(cfg, name, zeta, run, shared)
-                      for name, (zeta, run) in arm_runs.items()]
+    report["arms"] = [arm_summary(cfg, name, zeta, run, shared, trained=name in arm_runs)
+                      for name, (zeta, run) in untrained.items()]
     _attach_wins(report)
     (out / "compare.json").write_text(json.dumps(report, indent=2))
     (out / "compare.md").write_text(compare_markdown(report))
@@ -111,7 +116,7 @@ def randomize_pairs(path: Path, seed: int) -> None:
     """Swap chosen and rejected of each pair with probability 1/2 (seeded); counted per row."""
     rng = random.Random(seed * 7_919 + 13)
     rows = []
-    for row in read_keyed(path):
+    for row in read_records(path):
         flip = rng.random() < 0.5
         if flip:
             row = {**row, "chosen": row["rejected"], "rejected": row["chosen"],
@@ -146,13 +151,14 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
     return report
 
 
-def arm_summary(cfg: Config, name: str, zeta: float, run: RunDir, shared: RunDir) -> dict:
+def arm_summary(cfg: Config, name: str, zeta: float, run: RunDir, shared: RunDir,
+                trained: bool = True) -> dict:
     """Tie rate, delta, pairs kept, training loss and margins, and cost of one arm."""
     scores = read_keyed(run.scores)
     stats = pair_statistics(scores, zeta, [zeta], cfg.pairs.tie_tolerance)
     pairs = json.loads(run.file("stats/pairs.json").read_text())
-    train = json.loads(run.file("train/metrics.json").read_text())
-    history = json.loads(run.file("train/log_history.json").read_text())
+    train = json.loads(run.file("train/metrics.json").read_text()) if trained else {}
+    history = (json.loads(run.file("train/log_history.json").read_text()) if trained else [])
     margins = [h["rewards/margins"] for h in history if "rewards/margins" in h]
     judgements = read_keyed(shared.judgements)
     tokens = sum(j.get("prompt_tokens", 0) + j.get("completion_tokens", 0) for j in judgements)
@@ -167,7 +173,7 @@ def arm_summary(cfg: Config, name: str, zeta: float, run: RunDir, shared: RunDir
         "loss_first": train.get("train/loss_first"), "loss_last": train.get("train/loss_last"),
         "reward_margin_first": margins[0] if margins else None,
         "reward_margin_last": margins[-1] if margins else None,
-        "train_steps": train.get("train/steps"), "judge_tokens": tokens,
+        "trained": trained, "train_steps": train.get("train/steps"), "judge_tokens": tokens,
         "usable_pairs_per_1k_judge_tokens": kept / tokens * 1000 if tokens else None,
         "note": "control: the WIM arm's pairs with chosen/rejected swapped by a seeded coin"
                 if control else None,

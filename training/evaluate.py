@@ -91,21 +91,21 @@ def check_unseen(held: list[Prompt], run: RunDir) -> None:
 
 def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
                      progress: bool = True) -> dict[str, list[dict]]:
-    """{system name: one answer record per prompt}. One model load per (model, adapter); a
-    system without an adapter reuses a loaded model of the same weights, its adapter off."""
+    """{system name: one answer record per prompt}. One model in memory at a time; a system
+    without an adapter reuses the model loaded just before it when the weights are the same
+    (its adapter switched off: `reference_view`), so list the base after a trained system."""
     g, e = cfg.generation, cfg.eval
     params = SamplingParams(e.max_new_tokens or g.max_new_tokens, e.temperature, g.top_p)
-    loaded: dict[tuple[str, str | None], TransformersBackend] = {}
+    current: tuple[str, TransformersBackend] | None = None
     out = {}
     for system in tqdm(systems, desc="eval answers", unit="system", disable=not progress):
-        backend = loaded.get((system.model, system.adapter))
-        if backend is None and system.adapter is None:
-            twin = next((b for (m, _), b in loaded.items() if m == system.model), None)
-            backend = twin.reference_view() if twin is not None else None
-        if backend is None:
+        if system.adapter is None and current is not None and current[0] == system.model:
+            backend = current[1].reference_view()
+        else:
+            current = None  # free the previous model before loading the next
             backend = TransformersBackend.load(system.model, batch_size=g.batch_size,
                                                adapter=system.adapter)
-            loaded[(system.model, system.adapter)] = backend
+            current = (system.model, backend)
         out[system.name] = _answer(backend, cfg, prompts, params, system)
     return out
 

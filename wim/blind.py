@@ -7,6 +7,7 @@ the judge, the scores or the config, so the training signal cannot game it.
 
 - `pairwise`: each pair is judged in both orders (A/B, then B/A) to cancel position bias; a
   winner counts only when both orders name the same answer, anything else that parsed is a tie.
+  Two identical answers are a tie without a call (both orders would be the same prompt).
 - `pointwise`: one 1-10 score per answer, mapped to [0, 1].
 
 A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries` times, then
@@ -148,15 +149,19 @@ class BlindEvaluator:
         """One verdict per question: is answer a or b better? Both orders are asked."""
         if not len(questions) == len(answers_a) == len(answers_b):
             raise ValueError("pairwise needs as many answers_a and answers_b as questions")
-        convs = [build_pair_messages(q, a, b)
-                 for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
-        convs += [build_pair_messages(q, b, a)
-                  for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
+        # Identical answers tie without asking: both orders would be the same prompt.
+        ask = [i for i, (a, b) in enumerate(zip(answers_a, answers_b, strict=True))
+               if a.strip() != b.strip()]
+        convs = [build_pair_messages(questions[i], answers_a[i], answers_b[i]) for i in ask]
+        convs += [build_pair_messages(questions[i], answers_b[i], answers_a[i]) for i in ask]
         results = self._ask_all(convs, VERDICT_LABEL, parse_verdict)
-        n = len(questions)
+        n, slot = len(ask), {i: k for k, i in enumerate(ask)}
         out = []
-        for i in range(n):
-            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[i], results[n + i]
+        for i in range(len(questions)):
+            if i not in slot:
+                out.append(PairVerdict("tie", None, [], 0))
+                continue
+            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[slot[i]], results[n + slot[i]]
             failure = None
             if f1 or f2:
                 failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)

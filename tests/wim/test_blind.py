@@ -122,6 +122,14 @@ def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(re
 def test_position_bias_becomes_a_tie(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
     assert verdicts[0].winner == "tie" and verdicts[0].failure is None
+    assert len(recorder.requests) == 2
+
+
+def test_identical_answers_tie_without_a_call(recorder):
+    verdicts = _evaluator(recorder.url).pairwise(["Q?", "R?"], ["same ", "x"], ["same", "GOOD"])
+    assert verdicts[0].winner == "tie" and verdicts[0].raw == [] and verdicts[0].tokens == 0
+    assert verdicts[1].winner == "b"
+    assert len(recorder.requests) == 2  # only the second pair, in both orders
 
 
 def test_pointwise(recorder):
