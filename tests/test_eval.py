@@ -12,7 +12,7 @@ import pytest
 from conftest import QUICKSTART, SHRUNK, http_overrides, run_wim, sets
 from recording_server import RecordingServer
 
-from wim.blind import build_pair_messages
+from wim.blind import build_pair_messages, build_point_messages
 from wim.errors import InputError
 from wim.holdout import split_prompts
 from wim.prompts import load_prompts
@@ -80,7 +80,10 @@ def _answers(user: str) -> tuple[str, str]:
 
 
 def _longer_wins(messages: list[dict]) -> str:
-    """Not a model: names the longer answer, "tie" when both are equally long."""
+    """Not a model: names the longer answer, "tie" when both are equally long; pointwise, a
+    score that grows with the length."""
+    if "Answer A:" not in messages[-1]["content"]:
+        return f"Reason: length.\nScore: {min(10, 1 + len(messages[-1]['content']) // 60)}"
     a, b = _answers(messages[-1]["content"])
     verdict = "A" if len(a) > len(b) else "B" if len(b) > len(a) else "tie"
     return f"Reason: length.\nVerdict: {verdict}"
@@ -140,3 +143,21 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
         text = json.dumps(body["messages"])
         assert not [s for s in secrets if s in text]
     assert (out / "eval.md").read_text().count("mechanical") == 1
+
+    # Pointwise: each answer alone, once per system and prompt.
+    server = RecordingServer(_longer_wins)
+    try:
+        run_wim(["eval", str(out), "--no-progress",
+                 *sets(["blind.backend=http", f"blind.http.base_urls=[{server.url}]",
+                        "blind.http.model=recorded", "eval.max_new_tokens=12",
+                        "blind.mode=pointwise"])])
+    finally:
+        server.close()
+    report = json.loads((out / "eval.json").read_text())
+    assert report["evaluator"]["mode"] == "pointwise"
+    c = report["comparisons"][0]
+    assert c["n"] == 3 and c["failures"] == 0 and c["wins"] + c["losses"] + c["ties"] == 3
+    allowed = {json.dumps(build_point_messages(held[a["prompt_id"]].text, a["response"]))
+               for a in answers}
+    assert len(server.requests) == 2 * 3  # policy and base, 3 prompts
+    assert all(json.dumps(body["messages"]) in allowed for body in server.requests)
