@@ -71,37 +71,49 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
 
     cfg = prepare_config(cfg)
     shared = RunDir(out / "shared")
-    shared.claim(cfg)
-    run_stages(cfg, shared, ("generate", "judge"), progress=progress)
-    shared.save_config(cfg)
-    arm_runs, untrained = {}, {}  # trained arms; every arm
+    with shared.lock("wim compare (shared generation and judging)"):
+        shared.claim(cfg)
+        run_stages(cfg, shared, ("generate", "judge"), progress=progress)
+        shared.save_config(cfg)
+    arm_runs, every_arm = {}, {}  # the trained arms; all of them
     for name, zeta in arms_of(cfg):
         logger.info("arm %s (zeta %g)", name, zeta)
         arm_cfg = dataclasses.replace(cfg, scoring=dataclasses.replace(cfg.scoring, zeta=zeta))
         run = RunDir(out / "arms" / name)
-        run.claim(arm_cfg)
-        _copy_shared(shared, run)
-        run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
-        if name == RANDOM_ARM:
-            randomize_pairs(run.pairs, cfg.seed)
-            shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
-        if read_records(run.pairs):
-            run_stages(arm_cfg, run, ("train",), progress=progress)
-            arm_runs[name] = (zeta, run)
-        else:  # reported as such; an arm without pairs has nothing to train or evaluate
-            logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
-        run.save_config(arm_cfg)
-        untrained[name] = (zeta, run)
+        with run.lock(f"wim compare (arm {name})"):
+            if _train_arm(arm_cfg, run, shared, name, progress):
+                arm_runs[name] = (zeta, run)
+        every_arm[name] = (zeta, run)
     if not arm_runs:
         raise InputError("no arm had a single preference pair to train on; use more prompts or "
                          "samples per prompt (prompts.limit, generation.k).")
     report = _evaluate_arms(cfg, shared, arm_runs, progress)
     report["arms"] = [arm_summary(cfg, name, zeta, run, shared, trained=name in arm_runs)
-                      for name, (zeta, run) in untrained.items()]
+                      for name, (zeta, run) in every_arm.items()]
     _attach_wins(report)
     (out / "compare.json").write_text(json.dumps(report, indent=2))
     (out / "compare.md").write_text(compare_markdown(report))
     return report
+
+
+def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
+               progress: bool) -> bool:
+    """Score, pair and train one arm on the shared records; False when it has no pairs."""
+    from data_gen.pipeline import run_stages
+
+    run.claim(arm_cfg)
+    _copy_shared(shared, run)
+    run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
+    if name == RANDOM_ARM:
+        randomize_pairs(run.pairs, arm_cfg.seed)
+        shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
+    trained = bool(read_records(run.pairs))
+    if trained:
+        run_stages(arm_cfg, run, ("train",), progress=progress)
+    else:  # reported as such; an arm without pairs has nothing to train or evaluate
+        logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
+    run.save_config(arm_cfg)
+    return trained
 
 
 def _copy_shared(shared: RunDir, run: RunDir) -> None:
