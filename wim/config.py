@@ -33,6 +33,9 @@ class PromptsConfig:
     """Split to read when `source` is a datasets name."""
     limit: int | None = None
     """Use only the first `limit` prompts (after sharding order is fixed)."""
+    holdout: int = 0
+    """Prompts held out of generation, judging and training for `wim eval` (chosen per domain by
+    a fixed hash of the prompt id, before `limit`; recorded in DIR/split.json)."""
 
 
 @dataclass
@@ -195,6 +198,46 @@ class DPOSection:
 
 
 @dataclass
+class BlindConfig:
+    """The blind outcome evaluator (wim/blind.py): sees only questions and answers."""
+
+    model: str = "bundled:smollm2-135m-instruct"
+    """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, `http.model`)."""
+    backend: str = "transformers"
+    """`transformers`, `llama_cpp` or `http` (its own `blind.http` settings)."""
+    mode: str = "pairwise"
+    """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
+    max_new_tokens: int = 48
+    """Most tokens per verdict (a one-line reason and the verdict)."""
+    max_retries: int = 2
+    """Re-ask an unparseable verdict this many times, then count it as a failure."""
+    retry_temperature: float = 0.7
+    """Sampling temperature of the retries (the first attempt is greedy)."""
+    seed: int = 0
+    """Seed of the evaluator's retries."""
+    batch_size: int | None = None
+    """Verdicts per batch for a local evaluator; null: 8."""
+    http: HTTPConfig = field(default_factory=HTTPConfig)
+    """OpenAI-compatible endpoint of the evaluator when `backend` is `http`."""
+
+
+@dataclass
+class EvalConfig:
+    """`wim eval` / `wim compare`: held-out responses, blind verdicts, statistics."""
+
+    limit: int | None = None
+    """Evaluate at most this many held-out prompts; null: all of `prompts.holdout`."""
+    max_new_tokens: int | None = None
+    """Most tokens of each evaluated response; null: generation.max_new_tokens."""
+    temperature: float = 0.0
+    """Sampling temperature of the evaluated responses (0 = greedy)."""
+    bootstrap_resamples: int = 2000
+    """Resamples of the paired bootstrap interval."""
+    compare_zetas: list[float] = field(default_factory=lambda: [0.4])
+    """`wim compare`: the mixed arms' zetas (numeric 0, WIM 1 and a random control always run)."""
+
+
+@dataclass
 class WandbConfig:
     enabled: bool = False
     """Log training and the report's metrics to Weights & Biases."""
@@ -232,6 +275,10 @@ class Config:
     """The LoRA adapter DPO trains."""
     dpo: DPOSection = field(default_factory=DPOSection)
     """TRL DPO training settings."""
+    blind: BlindConfig = field(default_factory=BlindConfig)
+    """The blind outcome evaluator of `wim eval` and `wim compare`."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation settings of `wim eval` and `wim compare`."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)

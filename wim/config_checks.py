@@ -22,12 +22,15 @@ _CHOICES = {
     "judge.on_parse_failure": ("exclude", "authors"),
     "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
     "pairs.tie_policy": ("drop", "first", "random"),
+    "blind.backend": ("transformers", "llama_cpp", "http"),
+    "blind.mode": ("pairwise", "pointwise"),
 }
 
 
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
              "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
-             "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate")
+             "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
+             "blind.max_new_tokens", "eval.bootstrap_resamples")
 
 
 def _get(cfg, key: str) -> Any:
@@ -71,6 +74,26 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
+    _validate_eval(cfg, fail)
+
+
+def _validate_eval(cfg, fail) -> None:
+    """The blind evaluator and the held-out evaluation."""
+    if cfg.prompts.holdout < 0:
+        fail("prompts.holdout", "be >= 0", cfg.prompts.holdout)
+    if cfg.blind.max_retries < 0:
+        fail("blind.max_retries", "be >= 0", cfg.blind.max_retries)
+    for key in ("blind.batch_size", "eval.limit", "eval.max_new_tokens"):
+        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
+            fail(key, "be positive or null", _get(cfg, key))
+    if cfg.eval.temperature < 0:
+        fail("eval.temperature", "be >= 0", cfg.eval.temperature)
+    for z in cfg.eval.compare_zetas:
+        if not 0.0 <= z <= 1.0:
+            fail("eval.compare_zetas", "hold values in [0, 1]", z)
+    if cfg.blind.backend == "http" and not cfg.blind.http.base_urls:
+        fail("blind.http.base_urls", "list at least one URL when blind.backend is 'http'",
+             cfg.blind.http.base_urls)
 
 
 def _validate_combinations(cfg, fail) -> None:

@@ -1,0 +1,183 @@
+"""The blind evaluator (wim/blind.py): parsing, both orders, retries, and what it sends."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from recording_server import RecordingServer
+
+from wim.blind import (
+    BlindEvaluator,
+    build_pair_messages,
+    combine_orders,
+    load_template,
+    open_blind_evaluator,
+    parse_score,
+    parse_verdict,
+)
+from wim.config import BlindConfig, HTTPConfig
+
+
+@pytest.mark.parametrize("text, value", [
+    ("Reason: B is wrong.\nVerdict: A", "A"),
+    ("Reason: fine\nVerdict: B.", "B"),
+    ("**Verdict:** B", "B"),
+    ("Verdict: tie", "tie"),
+    ("Verdict: a tie", "tie"),
+    ("Verdict: Equal", "tie"),
+    # A restated format line comes first; the last label counts.
+    ("Verdict: <A if Answer A is better, B if ...>\nReason: x\nVerdict: B", "B"),
+])
+def test_parse_verdict(text, value):
+    assert parse_verdict(text) == (value, None)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("Answer A is better.", "no 'Verdict:' line"),
+    ("Verdict: C", "is not A, B or tie"),
+    ("Verdict: a", "is not A, B or tie"),
+    ("Verdict: A\nVerdict: maybe", "is not A, B or tie"),
+])
+def test_unparseable_verdicts_fail_with_a_reason(text, reason):
+    value, error = parse_verdict(text)
+    assert value is None and reason in error
+
+
+@pytest.mark.parametrize("text, value", [("Reason: ok\nScore: 7", 7), ("Score: 10/10", 10),
+                                         ("score = 1", 1)])
+def test_parse_score(text, value):
+    assert parse_score(text) == (value, None)
+
+
+@pytest.mark.parametrize("text", ["Score: 0", "Score: 11", "Score: 7.5", "Score: seven", "7"])
+def test_bad_scores_fail(text):
+    assert parse_score(text)[0] is None
+
+
+def test_both_orders_must_agree_for_a_winner():
+    # first: a shown as A; second: b shown as A.
+    assert combine_orders("A", "B") == "a"
+    assert combine_orders("B", "A") == "b"
+    assert combine_orders("A", "A") == "tie"  # position bias: says "first" both times
+    assert combine_orders("B", "B") == "tie"
+    assert combine_orders("tie", "B") == "tie"
+    assert combine_orders("tie", "tie") == "tie"
+
+
+def _answers(user: str) -> tuple[str, str]:
+    m = re.search(r"Answer A:\n(.*)\n\nAnswer B:\n(.*)\Z", user, re.S)
+    return m.group(1), m.group(2)
+
+
+def _pair_reply(messages: list[dict]) -> str:
+    """Prefers the answer holding GOOD; with none, always says A (pure position bias)."""
+    user = messages[-1]["content"]
+    if "UNPARSEABLE" in user:
+        return "I cannot decide."
+    if "Answer A:" not in user:  # pointwise
+        return "Reason: ok\nScore: 9" if "GOOD" in user else "Reason: meh\nScore: 2"
+    first, second = _answers(user)
+    return "Reason: x\nVerdict: " + ("B" if "GOOD" in second and "GOOD" not in first else "A")
+
+
+@pytest.fixture
+def recorder():
+    server = RecordingServer(_pair_reply)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _evaluator(url: str, mode: str = "pairwise", retries: int = 2) -> BlindEvaluator:
+    section = BlindConfig(backend="http", mode=mode, max_retries=retries,
+                          http=HTTPConfig(base_urls=[url], model="judge-x", max_retries=0))
+    return open_blind_evaluator(section)
+
+
+def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(recorder):
+    questions = ["What is 2 + 2?", "Name a prime.", "Why is the sky blue? UNPARSEABLE"]
+    a = ["GOOD: 4", "9", "Rayleigh scattering."]
+    b = ["5", "GOOD: 7", "Because."]
+    verdicts = _evaluator(recorder.url).pairwise(questions, a, b)
+    assert [v.winner for v in verdicts[:2]] == ["a", "b"]
+    # An unparseable verdict is retried (2 retries, each order), then a failure, not a win.
+    assert verdicts[2].winner is None and "after 3 attempts" in verdicts[2].failure
+    assert len(verdicts[2].raw) == 6 and verdicts[0].tokens == 2 * 14
+    assert len(recorder.requests) == 2 * 2 + 2 * 3
+    # Every request is exactly the template plus one question and its two answers, in one of
+    # the two orders: nothing else reaches the evaluator.
+    allowed = set()
+    for q, x, y in zip(questions, a, b, strict=True):
+        allowed.add(str(build_pair_messages(q, x, y)))
+        allowed.add(str(build_pair_messages(q, y, x)))
+    for body in recorder.requests:
+        assert str(body["messages"]) in allowed
+        assert body["messages"][0]["content"] == load_template("pairwise")
+    orders = {tuple(_answers(r["messages"][-1]["content"])) for r in recorder.requests}
+    assert ("GOOD: 4", "5") in orders and ("5", "GOOD: 4") in orders
+
+
+def test_position_bias_becomes_a_tie(recorder):
+    verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
+    assert verdicts[0].winner == "tie" and verdicts[0].failure is None
+
+
+def test_pointwise(recorder):
+    verdicts = _evaluator(recorder.url, "pointwise", retries=1).pointwise(
+        ["Q1", "Q2", "Q3 UNPARSEABLE"], ["GOOD answer", "bad answer", "x"])
+    assert verdicts[0].score == pytest.approx(8 / 9)
+    assert verdicts[1].score == pytest.approx(1 / 9)
+    assert verdicts[2].score is None and "after 2 attempts" in verdicts[2].failure
+    assert len(verdicts[2].raw) == 2
+
+
+def test_backend_failure_is_a_failure_not_a_win():
+    # Nothing listens on this port: every request fails at once.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    verdicts = _evaluator(f"http://127.0.0.1:{port}/v1").pairwise(["Q"], ["a"], ["b"])
+    assert verdicts[0].winner is None and "backend failed" in verdicts[0].failure
+
+
+def test_public_methods_take_only_questions_and_answers():
+    import inspect
+
+    assert list(inspect.signature(BlindEvaluator.pairwise).parameters) == [
+        "self", "questions", "answers_a", "answers_b"]
+    assert list(inspect.signature(BlindEvaluator.pointwise).parameters) == [
+        "self", "questions", "answers"]
+
+
+@pytest.mark.slow
+def test_bundled_local_evaluator_gives_verdicts_or_counted_failures():
+    """The bundled 135M model through the guided transformers path: every verdict is a parsed
+    winner or a failure with its raw texts; the prompts rendered hold only our texts."""
+    from wim.backends import TransformersBackend
+
+    backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+    sent = []
+    real = backend.render
+
+    def render(conversation, prefill=None):
+        sent.append(conversation)
+        return real(conversation, prefill)
+
+    backend.render = render
+    ev = BlindEvaluator(backend, max_retries=1, max_new_tokens=24)
+    qs = ["What is the capital of France?", "How many legs does a spider have?"]
+    verdicts = ev.pairwise(qs, ["Paris.", "Eight."], ["I like turtles.", "Six."])
+    for v in verdicts:
+        assert (v.winner in ("a", "b", "tie")) != (v.failure is not None)
+        assert v.raw and all(r.startswith("Reason:") for r in v.raw) and v.tokens > 0
+    allowed = {str(build_pair_messages(q, x, y)) for q, x, y in
+               [(qs[0], "Paris.", "I like turtles."), (qs[0], "I like turtles.", "Paris."),
+                (qs[1], "Eight.", "Six."), (qs[1], "Six.", "Eight.")]}
+    assert sent and all(str(c) in allowed for c in sent)
+    points = ev.pointwise(qs, ["Paris.", "Eight."])
+    for p in points:
+        assert (p.score is not None and 0 <= p.score <= 1) != (p.failure is not None)

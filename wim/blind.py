@@ -1,0 +1,249 @@
+"""The blind outcome evaluator: which answer to a question is better, seen without context.
+
+It sees only the question and the answer(s): its public methods take nothing else, and the
+text it sends to its backend is one fixed template (wim/data/blind_*.txt) plus the question and
+the answers (a test records what a real server receives). It never sees the run, the round,
+the judge, the scores or the config, so the training signal cannot game it.
+
+- `pairwise`: each pair is judged in both orders (A/B, then B/A) to cancel position bias; a
+  winner counts only when both orders name the same answer, anything else that parsed is a tie.
+- `pointwise`: one 1-10 score per answer, mapped to [0, 1].
+
+A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries` times, then
+recorded as a failure with its reason and the raw texts: never a win for either side, never a
+neutral score. A backend failure is a failure too (`failure` starts with "backend failed").
+Local backends are walked through the format as the judge is: the assistant turn is prefilled
+with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is forced after
+one line (wim/backends/guided.py); the value itself is the model's, and the parser checks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from wim.backends import Backend, Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+REASON_PREFILL = "Reason:"
+VERDICT_LABEL = "Verdict:"
+SCORE_LABEL = "Score:"
+MODES = ("pairwise", "pointwise")
+EMPTY_ANSWER = "(empty answer)"
+
+# The last "Verdict" label counts (a model that restates the format writes "Verdict: <A if ...>"
+# first). A and B must be capitals, so "Verdict: a tie" is read as a tie, not as A.
+_VERDICT = re.compile(r"(?i:verdict)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)"
+                      r"(?:[ \t]+(?P<w>\w+))?")
+_SCORE = re.compile(r"(?i:score)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)")
+_TIE_WORDS = {"tie", "tied", "equal", "draw", "same", "both", "neither"}
+
+
+@dataclass
+class PairVerdict:
+    """One question with answers a and b, judged in both orders."""
+
+    winner: str | None
+    """"a", "b" or "tie" (orders that disagree count as a tie); None: failed after retries."""
+    failure: str | None
+    """Why it failed (never counted as a win for either side); None when it did not."""
+    raw: list[str]
+    """The evaluator's raw texts (order a/b first, then b/a), for audit."""
+    tokens: int = 0
+    """Evaluator tokens spent on both orders (prompt + completion, all attempts)."""
+
+
+@dataclass
+class PointVerdict:
+    score: float | None
+    """In [0, 1] ((N - 1) / 9 of a 1-10 score); None: failed after retries."""
+    failure: str | None
+    raw: list[str]
+    tokens: int
+    """Evaluator tokens spent (prompt + completion, all attempts)."""
+
+
+@cache
+def load_template(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"blind evaluator mode must be one of {MODES}, got {mode!r}")
+    return resources.files("wim").joinpath("data", f"blind_{mode}.txt").read_text().strip()
+
+
+def _answer(text: str) -> str:
+    return text.strip() or EMPTY_ANSWER
+
+
+def build_pair_messages(question: str, first: str, second: str) -> list[dict[str, str]]:
+    """The template (system turn), then the question and the two answers as A and B."""
+    user = (f"Question:\n{question.strip()}\n\nAnswer A:\n{_answer(first)}\n\n"
+            f"Answer B:\n{_answer(second)}")
+    return [{"role": "system", "content": load_template("pairwise")},
+            {"role": "user", "content": user}]
+
+
+def build_point_messages(question: str, answer: str) -> list[dict[str, str]]:
+    user = f"Question:\n{question.strip()}\n\nAnswer:\n{_answer(answer)}"
+    return [{"role": "system", "content": load_template("pointwise")},
+            {"role": "user", "content": user}]
+
+
+def parse_verdict(text: str) -> tuple[str | None, str | None]:
+    """("A" | "B" | "tie", None) or (None, reason) from the last "Verdict" label."""
+    found = list(_VERDICT.finditer(text))
+    if not found:
+        return None, "no 'Verdict:' line"
+    value = found[-1].group("v").rstrip(".,;:!")
+    if value.lower() in ("a", "an") and (found[-1].group("w") or "").lower() in _TIE_WORDS:
+        value = "tie"  # "Verdict: a tie"
+    if value in ("A", "B"):
+        return value, None
+    if value.lower() in _TIE_WORDS:
+        return "tie", None
+    return None, f"verdict {value[:20]!r} is not A, B or tie"
+
+
+def parse_score(text: str) -> tuple[int | None, str | None]:
+    """(N in 1..10, None) or (None, reason) from the last "Score" label (`7` or `7/10`)."""
+    found = list(_SCORE.finditer(text))
+    if not found:
+        return None, "no 'Score:' line"
+    value = found[-1].group("v").rstrip(".,;:!")
+    value = value[:-3] if value.endswith("/10") else value
+    if not value.isdigit() or not 1 <= int(value) <= 10:
+        return None, f"score {value[:20]!r} is not an integer from 1 to 10"
+    return int(value), None
+
+
+def combine_orders(first: str, second: str) -> str:
+    """The winner from verdict `first` (a shown as A) and `second` (b shown as A): a winner
+    only when both orders name the same answer; disagreement or any tie is a tie."""
+    a_first = {"A": "a", "B": "b", "tie": "tie"}[first]
+    a_second = {"A": "b", "B": "a", "tie": "tie"}[second]
+    return a_first if a_first == a_second else "tie"
+
+
+class BlindEvaluator:
+    """Judges answers by question and answer only (see the module docstring)."""
+
+    def __init__(self, backend: Backend, *, max_retries: int = 2, max_new_tokens: int = 48,
+                 seed: int = 0, retry_temperature: float = 0.7, model_name: str = "") -> None:
+        self.backend = backend
+        self.max_retries = max_retries
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.retry_temperature = retry_temperature
+        self.model_name = model_name or getattr(backend, "label", "") or backend.name
+
+    def pairwise(self, questions: list[str], answers_a: list[str],
+                 answers_b: list[str]) -> list[PairVerdict]:
+        """One verdict per question: is answer a or b better? Both orders are asked."""
+        if not len(questions) == len(answers_a) == len(answers_b):
+            raise ValueError("pairwise needs as many answers_a and answers_b as questions")
+        convs = [build_pair_messages(q, a, b)
+                 for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
+        convs += [build_pair_messages(q, b, a)
+                  for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
+        results = self._ask_all(convs, VERDICT_LABEL, parse_verdict)
+        n = len(questions)
+        out = []
+        for i in range(n):
+            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[i], results[n + i]
+            failure = None
+            if f1 or f2:
+                failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)
+            winner = None if failure else combine_orders(v1, v2)
+            out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2))
+        return out
+
+    def pointwise(self, questions: list[str], answers: list[str]) -> list[PointVerdict]:
+        """One score in [0, 1] per (question, answer)."""
+        if len(questions) != len(answers):
+            raise ValueError("pointwise needs one answer per question")
+        convs = [build_point_messages(q, a) for q, a in zip(questions, answers, strict=True)]
+        return [PointVerdict(None if f else (v - 1) / 9, f, raw, t)
+                for v, f, raw, t in self._ask_all(convs, SCORE_LABEL, parse_score)]
+
+    def _ask_all(self, convs, label: str, parse):
+        """Per conversation: (value, failure, raw texts, tokens), with retries of parse
+        failures. A backend failure is final here (the backend has its own retries)."""
+        values: list = [None] * len(convs)
+        failures: list[str | None] = [None] * len(convs)
+        raws: list[list[str]] = [[] for _ in convs]
+        tokens = [0] * len(convs)
+        todo = list(range(len(convs)))
+        for attempt in range(self.max_retries + 1):
+            # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
+            temperature = 0.0 if attempt == 0 else self.retry_temperature
+            outs = self._ask([convs[i] for i in todo], label, temperature,
+                             self.seed + 7919 * attempt)
+            again = []
+            for i, (text, error, spent) in zip(todo, outs, strict=True):
+                raws[i].append(text)
+                tokens[i] += spent
+                if error is not None:
+                    failures[i] = error
+                    continue
+                values[i], failures[i] = parse(text)
+                if failures[i] is not None:
+                    again.append(i)
+            todo = again
+            if not todo:
+                break
+        for i in todo:
+            failures[i] = f"{failures[i]} (after {self.max_retries + 1} attempts)"
+        return list(zip(values, failures, raws, tokens, strict=True))
+
+    def _ask(self, convs, label: str, temperature: float, seed: int):
+        """(text, backend error or None, tokens) per conversation, one completion each."""
+        if not convs:
+            return []
+        b = self.backend
+        if b.supports_prefill and b.supports_guide:
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label)
+            outs = self._generate(convs, params, seed, REASON_PREFILL)
+            return [(REASON_PREFILL + o.text, _error(o), _tokens(o)) for o in outs]
+        if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
+            reason = SamplingParams(self.max_new_tokens, temperature, 1.0,
+                                    stop=(label.rstrip(":"),))
+            first = self._generate(convs, reason, seed, REASON_PREFILL)
+            heads = [REASON_PREFILL + o.text.rstrip() + "\n" + label for o in first]
+            value = SamplingParams(4, temperature, 1.0, stop=("\n",))
+            second = self._generate(convs, value, seed, heads)
+            return [(h + o2.text, _error(o1) or _error(o2), _tokens(o1) + _tokens(o2))
+                    for h, o1, o2 in zip(heads, first, second, strict=True)]
+        params = SamplingParams(self.max_new_tokens, temperature, 1.0)
+        outs = self._generate(convs, params, seed, None)
+        return [(o.text, _error(o), _tokens(o)) for o in outs]
+
+    def _generate(self, convs, params, seed: int, prefill) -> list[Completion]:
+        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _error(completion: Completion) -> str | None:
+    return None if completion.ok else f"backend failed: {completion.error}"
+
+
+def _tokens(completion: Completion) -> int:
+    return completion.prompt_tokens + completion.completion_tokens
+
+
+def open_blind_evaluator(section, batch_size: int = 8) -> BlindEvaluator:
+    """The evaluator of a `blind:` config section (`cfg.blind`, a BlindConfig)."""
+    from wim.backends import open_backend
+
+    model = section.model if section.backend != "http" else (section.http.model or section.model)
+    # open_backend reads the http settings from `cfg.http`; the evaluator has its own.
+    backend = open_backend(section.backend, model, types.SimpleNamespace(http=section.http),
+                           batch_size=section.batch_size or batch_size)
+    return BlindEvaluator(backend, max_retries=section.max_retries,
+                          max_new_tokens=section.max_new_tokens, seed=section.seed,
+                          retry_temperature=section.retry_temperature, model_name=model)
