@@ -9,6 +9,71 @@ from pathlib import Path
 from wim.errors import InputError
 
 
+def refine(args: argparse.Namespace) -> int:
+    """`wim refine CONFIG --out DIR`."""
+    import sys
+
+    import yaml
+
+    from wim.config import apply_overrides, config_from_dict, read_yaml
+    from wim.prompts import load_prompts
+    from wim.refine import runner, summary
+    from wim.rundir import RunDir
+
+    cfg = config_from_dict(apply_overrides(read_yaml(args.source), args.overrides),
+                           source=args.source)
+    p = cfg.prompts
+    prompts = load_prompts(p.source, split=p.split, limit=p.limit)
+    out = Path(args.out)
+    with RunDir(out).lock("wim " + " ".join(sys.argv[1:])):
+        folder = out / "refine"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "resolved_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(),
+                                                                    sort_keys=False))
+        policy, evaluator, el_name = runner.open_models(cfg)
+        try:
+            trajectories = runner.run_master(cfg, prompts, policy, evaluator,
+                                             progress=not args.no_progress)
+            runner.write_trajectories(folder / "trajectories.jsonl", trajectories)
+            outcomes, info = summary.derive_policies(cfg, trajectories)
+            blind = _blind(cfg, policy)
+            scores, failed = summary.blind_scores(blind, prompts, trajectories, outcomes)
+        finally:
+            policy.close()
+        result = summary.summarize(cfg, prompts, trajectories, outcomes, scores, info)
+        result["blind"] = {"model": blind.model_name, "mode": "pointwise", "failed": failed}
+        result["loop_evaluator"] = el_name
+        pairs = summary.refinement_pairs(cfg, prompts, trajectories, outcomes, scores)
+        from wim.records import write_records_atomic
+
+        write_records_atomic(folder / "pairs.jsonl", pairs)
+        result["pairs"] = {"count": len(pairs), "rule": cfg.refine.pairs_rule,
+                           "policy": cfg.refine.pairs_policy}
+        summary.write_json(folder / "summary.json", result)
+        summary.write_markdown(folder / "summary.md", result)
+        summary.plot(out / "plots" / "refine_quality_vs_tokens.png", result)
+    print(f"wrote {folder / 'trajectories.jsonl'}, {folder / 'summary.md'}, "
+          f"{folder / 'summary.json'}, {folder / 'pairs.jsonl'} and "
+          f"{out / 'plots' / 'refine_quality_vs_tokens.png'}")
+    print(json.dumps({name: {k: row[k] for k in ("attempts_mean", "tokens_mean", "blind_mean")}
+                      for name, row in result["policies"].items()}, indent=2))
+    return 0
+
+
+def _blind(cfg, policy):
+    """E_B of `blind:`; it shares the policy's weights when it is the same local model (no
+    adapter), so that the model is not loaded twice."""
+    from wim.blind import BlindEvaluator, open_blind_evaluator
+
+    b = cfg.blind
+    if (b.backend == cfg.policy.backend == "transformers" and b.model == cfg.policy.model
+            and not cfg.policy.adapter):
+        return BlindEvaluator(policy, max_retries=b.max_retries, max_new_tokens=b.max_new_tokens,
+                              seed=b.seed, retry_temperature=b.retry_temperature,
+                              model_name=b.model)
+    return open_blind_evaluator(b)
+
+
 def vrr_simulate(args: argparse.Namespace) -> int:
     from wim.refine.simulate import SimSpec, format_table, simulate
 
