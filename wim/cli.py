@@ -64,6 +64,12 @@ def add_refine_parsers(sub) -> None:
     refine.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config field, e.g. refine.gamma=0.05")
     refine.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    two = sub.add_parser("refine-2x2", help="the 2x2 analysis (E_L same vs cross model x "
+                         "dynamic vs hard cap) of two `wim refine` output folders")
+    two.add_argument("same", help="output folder of the run with refine.evaluator: same")
+    two.add_argument("cross", help="output folder of the run with another E_L model")
+    two.add_argument("--test", choices=("ttest", "wilcoxon"), default="ttest",
+                     help="one-sample test of each per-question contrast (default ttest)")
     vrr = sub.add_parser("vrr", help="VRR-Stop / VRR-Guard: simulate a verify-repair loop, or "
                          "calibrate the verifier and repair noise from logs")
     vsub = vrr.add_subparsers(dest="vrr_command", required=True)
@@ -150,11 +156,13 @@ def _is_storage_error(err: OSError) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command in ("refine", "vrr"):
+    if args.command in ("refine", "refine-2x2", "vrr"):
         from wim.refine import commands
 
         if args.command == "refine":
             return commands.refine(args)
+        if args.command == "refine-2x2":
+            return commands.refine_2x2(args)
         return (commands.vrr_simulate if args.vrr_command == "simulate"
                 else commands.vrr_calibrate)(args)
     if args.command == "merge":

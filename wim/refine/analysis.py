@@ -92,3 +92,19 @@ def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[
         "interaction": [(a - b) - (c - d) for a, b, c, d in zip(sd, sc, xd, xc, strict=True)],
     }
     return holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
+
+
+def interaction_from_summaries(same: dict, cross: dict, test: str = "ttest") -> dict:
+    """The 2x2 analysis of two `wim refine` summaries on the same prompts: one with the same
+    model as E_L (refine.evaluator: same), one with another model (the cross-model arm)."""
+    if same["per_question"]["prompt_ids"] != cross["per_question"]["prompt_ids"]:
+        raise ValueError("the two refine runs must cover the same prompts in the same order")
+    cells, keep = {}, None
+    for arm, summary in (("same", same), ("cross", cross)):
+        blind = summary["per_question"]["blind"]
+        for policy, cell in (("dynamic", "dynamic"), ("hard_cap", "cap")):
+            cells[f"{arm}_{cell}"] = blind[policy]
+    n = len(cells["same_dynamic"])
+    keep = [i for i in range(n) if all(cells[k][i] is not None for k in cells)]
+    results = interaction_2x2({k: [v[i] for i in keep] for k, v in cells.items()}, test)
+    return {"questions": len(keep), "dropped_unscored": n - len(keep), "tests": results}

@@ -60,6 +60,24 @@ def refine(args: argparse.Namespace) -> int:
     return 0
 
 
+def refine_2x2(args: argparse.Namespace) -> int:
+    """`wim refine-2x2 SAME CROSS`: main effects and interaction, Holm-adjusted."""
+    from wim.refine.analysis import interaction_from_summaries
+
+    summaries = []
+    for folder in (args.same, args.cross):
+        path = Path(folder) / "refine" / "summary.json"
+        if not path.is_file():
+            raise InputError(f"{path}: not found; run `wim refine CONFIG --out {folder}` first.")
+        summaries.append(json.loads(path.read_text()))
+    try:
+        result = interaction_from_summaries(*summaries, test=args.test)
+    except ValueError as err:
+        raise InputError(f"wim refine-2x2: {err}") from None
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _blind(cfg, policy):
     """E_B of `blind:`; it shares the policy's weights when it is the same local model (no
     adapter), so that the model is not loaded twice."""

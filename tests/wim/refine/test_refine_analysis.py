@@ -60,3 +60,30 @@ def test_paired_ttest_by_hand():
     assert r["statistic"] == pytest.approx(2.0 / (1.0 / math.sqrt(3)))
     with pytest.raises(ValueError, match="unknown paired test"):
         paired_test([1.0, 2.0], [0.0, 1.0], "sign")
+
+
+def _summary(ids, dynamic, cap):
+    return {"per_question": {"prompt_ids": ids, "blind": {"dynamic": dynamic, "hard_cap": cap}}}
+
+
+def test_interaction_from_two_refine_summaries(tmp_path):
+    import json
+
+    from tests.conftest import run_wim
+
+    same = _summary(["a", "b", "c", "d", "e"], [0.6, 0.7, 0.8, 0.9, None],
+                    [0.5, 0.5, 0.5, 0.5, 0.5])
+    cross = _summary(["a", "b", "c", "d", "e"], [0.5] * 5, [0.5] * 5)
+    for name, s in (("same", same), ("cross", cross)):
+        (tmp_path / name / "refine").mkdir(parents=True)
+        (tmp_path / name / "refine" / "summary.json").write_text(json.dumps(s))
+    out = json.loads(run_wim(["refine-2x2", str(tmp_path / "same"),
+                              str(tmp_path / "cross")]).stdout)
+    assert out["questions"] == 4 and out["dropped_unscored"] == 1
+    assert out["tests"]["interaction"]["statistic"] == pytest.approx(
+        0.25 / (math.sqrt(0.05 / 3) / 2))
+    cross["per_question"]["prompt_ids"] = ["x"] * 5
+    (tmp_path / "cross" / "refine" / "summary.json").write_text(json.dumps(cross))
+    proc = run_wim(["refine-2x2", str(tmp_path / "same"), str(tmp_path / "cross")],
+                   check=False)
+    assert proc.returncode == 2 and "same prompts" in proc.stderr
