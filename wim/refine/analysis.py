@@ -29,6 +29,9 @@ def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
     if all(abs(d) < 1e-12 for d in diffs):
         out["note"] = "all differences are zero"
         return out
+    if test == "ttest" and max(diffs) - min(diffs) < 1e-12:
+        out["note"] = "the differences are constant (no variance for a t-test)"
+        return out
     if test == "wilcoxon":
         res = stats.wilcoxon(a, b, zero_method="wilcox")
     elif test == "ttest":

@@ -219,7 +219,7 @@ class LoopEvaluator:
                  for q, a in zip(questions, answers, strict=True)]
         got: list[list[bool]] = [[] for _ in convs]
         tokens, redone = [0] * len(convs), [0] * len(convs)
-        params = SamplingParams(3, temperature, 1.0, stop=("\n",))
+        params = SamplingParams(2, temperature, 1.0, stop=("\n",))
         for attempt in range(self.max_retries + 1):
             need = {i: m - len(got[i]) for i in range(len(convs)) if len(got[i]) < m}
             if not need:

@@ -107,6 +107,8 @@ def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
                                    "retained_aggregate": d.retained_aggregate}
             rec["retained_attempt"] = retained[i]
             records[i].append(rec)
+        logger.info("attempt %d of %d done: %d of %d candidates retained so far", t,
+                    r.max_attempts, sum(k > 0 for k in retained), len(prompts))
         bar.update(1)
     bar.close()
     return records
