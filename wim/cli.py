@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--allow-partial", action="store_true",
                        help="merge even when some shards of the split are missing")
     _add_eval_parsers(sub)
+    add_refine_parsers(sub)
     return parser
 
 
@@ -77,6 +78,56 @@ def _add_eval_parsers(sub) -> None:
     for p in (ev, compare, validity):
         p.add_argument("--set", **sets)
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def add_refine_parsers(sub) -> None:
+    """`wim refine` and `wim vrr simulate|calibrate` (code in wim/refine/, imported lazily)."""
+    refine = sub.add_parser("refine", help="controlled iterative refinement: one hard-cap master "
+                            "trajectory per prompt, every stopping policy derived from it")
+    refine.add_argument("source", help="experiment YAML with a refine: section "
+                        "(e.g. configs/refine.yaml)")
+    refine.add_argument("--out", required=True, help="output folder (writes OUT/refine/, "
+                        "OUT/plots/refine_quality_vs_tokens.png)")
+    refine.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config field, e.g. refine.gamma=0.05")
+    refine.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    two = sub.add_parser("refine-2x2", help="the 2x2 analysis (E_L same vs cross model x "
+                         "dynamic vs hard cap) of two `wim refine` output folders")
+    two.add_argument("same", help="output folder of the run with refine.evaluator: same")
+    two.add_argument("cross", help="output folder of the run with another E_L model")
+    two.add_argument("--test", choices=("ttest", "wilcoxon"), default="ttest",
+                     help="one-sample test of each per-question contrast (default ttest)")
+    vrr = sub.add_parser("vrr", help="VRR-Stop / VRR-Guard: simulate a verify-repair loop, or "
+                         "calibrate the verifier and repair noise from logs")
+    vsub = vrr.add_subparsers(dest="vrr_command", required=True)
+    sim = vsub.add_parser("simulate", help="synthetic verify-repair loop with known noise")
+    for name, kind, default, text in (
+        ("--pi", float, 0.5, "probability that the first plan is valid"),
+        ("--rho0", float, 0.2, "P(a vote accepts | plan invalid)"),
+        ("--rho1", float, 0.1, "P(a vote rejects | plan valid)"),
+        ("--alpha", float, 0.4, "P(a repair fixes an invalid plan)"),
+        ("--beta", float, 0.1, "P(a repair breaks a valid plan)"),
+        ("--m", int, 8, "verifier votes per round"),
+        ("--k", int, 5, "most repairs (rounds of fixed and guard)"),
+        ("--delta", int, 5, "guard: the repair replaces the incumbent iff S(new) >= S(inc) + "
+         "delta"),
+        ("--tau", float, 0.0, "stop: repair while the gain G > tau"),
+        ("--trials", int, 10000, "simulated questions"),
+        ("--seed", int, 0, "random seed"),
+        ("--transitions", int, 300, "labelled repairs simulated to calibrate alpha and beta"),
+    ):
+        sim.add_argument(name, type=kind, default=default, help=f"{text} (default {default})")
+    sim.add_argument("--json", action="store_true", help="print one JSON object: policy -> "
+                     "{validity, acceptance, repairs} means")
+    cal = vsub.add_parser("calibrate", help="estimate rho0, rho1 (EM over unlabelled votes), "
+                          "alpha, beta (labelled repairs), J, and choose stop or guard")
+    cal.add_argument("--votes", help='jsonl: {"votes": [1, 0, ...]} or {"accepts": S, "m": M}')
+    cal.add_argument("--repairs", help='jsonl: {"valid_before": bool, "valid_after": bool}')
+    cal.add_argument("--m", type=int, default=None, help="votes per plan when lines give only "
+                     "'accepts'")
+    cal.add_argument("--j-min", type=float, default=0.2, help="choose stop when J >= this, "
+                     "else guard (default 0.2)")
+    cal.add_argument("--json", action="store_true", help="print compact JSON")
 
 
 def resolve(args: argparse.Namespace):
@@ -132,6 +183,15 @@ def _is_storage_error(err: OSError) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in ("refine", "refine-2x2", "vrr"):
+        from wim.refine import commands
+
+        if args.command == "refine":
+            return commands.refine(args)
+        if args.command == "refine-2x2":
+            return commands.refine_2x2(args)
+        return (commands.vrr_simulate if args.vrr_command == "simulate"
+                else commands.vrr_calibrate)(args)
     if args.command == "merge":
         from data_gen.merge import merge_runs
         from wim.rundir import RunDir

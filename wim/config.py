@@ -19,6 +19,7 @@ import yaml
 
 from wim.config_checks import validate
 from wim.errors import ConfigError
+from wim.refine.config import RefineConfig
 
 __all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "load_config",
            "read_yaml"]
@@ -285,6 +286,8 @@ class Config:
     """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """Where the pairs dataset is also published."""
+    refine: RefineConfig = field(default_factory=RefineConfig)
+    """`wim refine`: the controlled refinement loop and its stopping policies."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -74,6 +74,8 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
+    if hasattr(cfg, "refine"):
+        _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
 
 
@@ -114,3 +116,53 @@ def _validate_combinations(cfg, fail) -> None:
     )
     if uses_http and not cfg.http.base_urls:
         fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
+
+
+def _validate_refine(r, fail) -> None:
+    """The `refine:` section (wim/refine/config.py)."""
+    from wim.refine.config import FLAGS, POLICY_NAMES
+    from wim.refine.controller import CRITERIA
+
+    for key in ("max_attempts", "ensemble_n"):
+        if getattr(r, key) < 1:
+            fail(f"refine.{key}", "be at least 1", getattr(r, key))
+    for key in ("gamma", "tau_c"):
+        if not 0.0 <= getattr(r, key) <= 1.0:
+            fail(f"refine.{key}", "lie in [0, 1] (scores are in [0, 1])", getattr(r, key))
+    if r.max_retries < 0:
+        fail("refine.max_retries", "be >= 0", r.max_retries)
+    for flag, table in r.penalties.items():
+        if flag not in FLAGS:
+            fail("refine.penalties", f"use only the flags {', '.join(FLAGS)}", flag)
+        if not isinstance(table, dict) or not table:
+            fail(f"refine.penalties.{flag}", "map criteria to amounts, e.g. "
+                 "{evidence_support: 0.1}", table)
+        for criterion, amount in table.items():
+            if criterion not in CRITERIA:
+                fail(f"refine.penalties.{flag}", f"name criteria among {', '.join(CRITERIA)}",
+                     criterion)
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                    or not 0 <= amount <= 1:
+                fail(f"refine.penalties.{flag}.{criterion}", "be a number in [0, 1]", amount)
+    choices = {"evaluator_backend": ("transformers", "llama_cpp", "http"),
+               "test": ("wilcoxon", "ttest"), "pairs_rule": ("blind", "accepted", "none"),
+               "baseline": POLICY_NAMES, "pairs_policy": POLICY_NAMES}
+    for key, allowed in choices.items():
+        if getattr(r, key) not in allowed:
+            fail(f"refine.{key}", "be one of " + ", ".join(allowed), getattr(r, key))
+    d = r.dynamic
+    for key in ("reject_streak", "window", "stability_window"):
+        if getattr(d, key) < 1:
+            fail(f"refine.dynamic.{key}", "be at least 1", getattr(d, key))
+    for key in ("min_progress", "stability_eps"):
+        if getattr(d, key) < 0:
+            fail(f"refine.dynamic.{key}", "be >= 0", getattr(d, key))
+    v = r.vrr
+    if v.m < 1 or v.k < 0 or v.delta < 0:
+        fail("refine.vrr", "have m >= 1, k >= 0 and delta >= 0", (v.m, v.k, v.delta))
+    for key in ("prior", "rho0", "rho1", "alpha", "beta"):
+        if not 0.0 <= getattr(v, key) <= 1.0:
+            fail(f"refine.vrr.{key}", "lie in [0, 1] (a probability)", getattr(v, key))
+    if v.vote_temperature <= 0:
+        fail("refine.vrr.vote_temperature", "be positive (M votes must be sampled)",
+             v.vote_temperature)
