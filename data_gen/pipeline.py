@@ -231,9 +231,7 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
     import json
     import time
 
-    from accelerate import PartialState
-
-    from training.dpo import train_dpo_model
+    from training.dpo import process_state, train_dpo_model
 
     start = time.perf_counter()
     lm = resources.trainable_lm() if resources is not None else None
@@ -242,7 +240,7 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
     if lm is not None:
         resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
     metrics["time/train"] = time.perf_counter() - start
-    if PartialState().is_main_process:
+    if process_state().is_main_process:
         (run.file("stats")).mkdir(exist_ok=True)
         (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
     return metrics

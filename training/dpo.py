@@ -75,13 +75,12 @@ def train_dpo_model(
     checkpoints of any other training are deleted first, never resumed.
     """
     import torch
-    from accelerate import PartialState
     from trl import DPOTrainer
 
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
     n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
     args = _dpo_args(cfg, out_dir / "trainer", progress)
-    state = PartialState()
+    state = process_state()
     with state.main_process_first():  # rank 0 cleans stale checkpoints before others look
         checkpoint = _resumable_checkpoint(out_dir / "trainer", resume_key, state.is_main_process)
     dataset = _load_pairs(pairs_path)
@@ -130,6 +129,16 @@ def train_dpo_model(
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
     return metrics, trained
+
+
+def process_state():
+    """accelerate's PartialState: this process's rank among those `accelerate launch` started
+    (one process otherwise). Without a GPU the processes join over gloo (`cpu=True`)."""
+    from accelerate import PartialState
+
+    from wim.models import device_and_dtype
+
+    return PartialState(cpu=device_and_dtype()[0] == "cpu")
 
 
 def lora_config(cfg: Config):
@@ -262,6 +271,7 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
     device, _ = device_and_dtype()
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
+        use_cpu=device == "cpu",  # picked, not pinned: the GPU whenever there is one
         bf16=device == "cuda",  # float32 on the CPU
         # TRL turns checkpointing on by default; it is a config switch here (memory vs time).
         # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)

@@ -189,14 +189,13 @@ def _train_distributed(cfg, out: Path, args) -> int:
     the main process alone holds the run's lock and writes the stats and the adapter."""
     import contextlib
 
-    from accelerate import PartialState
-
     from data_gen.fingerprints import input_fingerprint, record_finished
     from data_gen.pipeline import train_run
+    from training.dpo import process_state
     from wim.rundir import RunDir
 
     run = RunDir(out)
-    state = PartialState()
+    state = process_state()
     lock = (run.lock("wim " + " ".join(sys.argv[1:])) if state.is_main_process
             else contextlib.nullcontext())
     with lock:
