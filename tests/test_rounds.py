@@ -36,10 +36,14 @@ def _raw(overrides: list[str], items) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_rounds_changing_judge(tmp_path: Path) -> None:
+def test_two_rounds_changing_judge(tmp_path: Path, monkeypatch) -> None:
+    # wandb in offline mode writes its run folder locally, exactly as before a sync.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
     run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
-             *sets([*ROUNDS, "judge.role=changing"])])
+             *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])])
     report = json.loads((run / "report.json").read_text())
     assert report["training/rounds"] == 2
     for r in (1, 2):
@@ -61,10 +65,29 @@ def test_two_rounds_changing_judge(tmp_path: Path) -> None:
     base = _raw(["judge.role=fixed"], items)
     assert fixed == base
     assert changing != fixed
+    _check_wandb(tmp_path / "wandb", run)
     # A finished run is not redone: every stage of both rounds is skipped.
     again = run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
-                     *sets([*ROUNDS, "judge.role=changing"])])
+                     *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])])
     assert "2/train" in again.stderr and "1/generate" in again.stderr
+
+
+def _check_wandb(folder: Path, run: Path) -> None:
+    """The run's wandb folder holds every round's metrics, the critiques table with scores,
+    and the resolved config (TRL's training runs lie beside it)."""
+    tables = list(folder.glob("offline-run-*/files/media/table/critiques_*.table.json"))
+    assert len(tables) == 1
+    table = json.loads(tables[0].read_text())
+    assert {"critique", "rating", "score", "round"} <= set(table["columns"])
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert {r["round"] for r in rows} == {1, 2}
+    scores = [json.loads(line) for line in (run / "rounds/2/scores.jsonl").open()]
+    assert {(s["critique"], s["score"]) for s in scores} == {
+        (r["critique"], r["score"]) for r in rows if r["round"] == 2}
+    log = next(tables[0].parents[3].glob("*.wandb")).read_bytes()
+    for key in (b"round/1/pairs/tie_rate/numeric", b"round/2/train/loss_last",
+                b"pairs/tie_rate/numeric", b"online_tie_policy", b"tie_tolerance"):
+        assert key in log, key
 
 
 @pytest.mark.slow

@@ -55,8 +55,8 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     markdown = render_markdown(clean, cfg, plots)
     run.file("report.md").write_text(markdown)
     run.file("report.html").write_text(_html(markdown, plots))
-    if cfg.wandb.enabled:
-        _log_wandb(cfg, clean)
+    if cfg.wandb.enabled and cfg.training.rounds == 1:  # rounds: logged once, data_gen/rounds.py
+        _log_wandb(cfg, run, clean)
     return clean
 
 
@@ -203,8 +203,7 @@ def _html(markdown: str, plots: list[str]) -> str:
             f"<pre style='white-space:pre-wrap'>{html.escape(markdown)}</pre>{images}\n")
 
 
-def _log_wandb(cfg: Config, report: dict[str, Any]) -> None:
-    import wandb
+def _log_wandb(cfg: Config, run: RunDir, report: dict[str, Any]) -> None:
+    from training.wandb_log import log_single
 
-    with wandb.init(project=cfg.wandb.project, config=cfg.to_dict()) as wb:
-        wb.log({k: v for k, v in report.items() if isinstance(v, (int, float))})
+    log_single(cfg, run, report)  # metrics, critiques table, resolved config
