@@ -34,7 +34,9 @@ def log_run(cfg: Config, rounds: list[tuple[int, dict[str, Any], Path]],
     import wandb
 
     rows: list[list[Any]] = []
-    with wandb.init(project=cfg.wandb.project, config=cfg.to_dict(), job_type="wim-run") as wb:
+    # create_new: a run of its own, even when TRL's wandb callback left its run open.
+    with wandb.init(project=cfg.wandb.project, config=cfg.to_dict(), job_type="wim-run",
+                    reinit="create_new") as wb:
         for r, report, scores in rounds:
             wb.log({"round": r, **_numbers(report)}, step=r)
             if scores.is_file():
