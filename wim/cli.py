@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--skip-train", action="store_true", help="stop after building pairs")
     for name, text in STAGE_COMMANDS.items():
         add_common(sub.add_parser(name, help=text), "experiment YAML or an existing run directory")
+    export = sub.add_parser("export", help="write the policy with the trained adapter merged "
+                            "in: an ordinary transformers model folder")
+    export.add_argument("dir", help="a finished run directory (its last round's adapter)")
+    export.add_argument("--merged", required=True, metavar="OUT", help="output folder")
     merge = sub.add_parser("merge", help="join shard run directories into one")
     merge.add_argument("dirs", nargs="+", help="shard run directories")
     merge.add_argument("--out", required=True, help="merged run directory")
@@ -183,6 +187,11 @@ def _is_storage_error(err: OSError) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        from training.export import export_merged
+
+        print(json.dumps(export_merged(Path(args.dir), Path(args.merged)), indent=2))
+        return 0
     if args.command in ("refine", "refine-2x2", "vrr"):
         from wim.refine import commands
 
@@ -208,10 +217,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return getattr(commands, f"{args.command}_command")(args)
 
     from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
+    from data_gen.rounds import run_rounds
     from data_gen.stages import Shard
     from wim.rundir import RunDir
 
     cfg, out = resolve(args)
+    _check_rounds_command(cfg, args, out)
+    if _distributed() and args.command == "train":
+        return _train_distributed(cfg, out, args)
     if args.shard is None and Path(args.source).is_dir():
         args.shard = RunDir(out).shard() if out == Path(args.source) else None
     shard = Shard.parse(args.shard)
@@ -226,8 +239,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     with run.lock("wim " + " ".join(sys.argv[1:])):
         run.claim(cfg, str(shard) if shard else None)
         try:
-            result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
-                                resources=resources)
+            runner = run_rounds if args.command == "run" else run_stages
+            result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
+                            resources=resources)
         except StageIncomplete as err:
             # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
             run.save_config(cfg, str(shard) if shard else None)
@@ -237,6 +251,54 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 3
         run.save_config(cfg, str(shard) if shard else None)
     _print_result(result, stages, out)
+    return 0
+
+
+def _check_rounds_command(cfg, args, out: Path) -> None:
+    """Runs with several rounds (or online training) are driven by `wim run`; a single stage
+    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`."""
+    if _distributed() and args.command != "train":
+        raise ConfigError(f"under accelerate launch only `wim train` runs (got `wim "
+                          f"{args.command}`); build the pairs first with `wim run CONFIG --out "
+                          "DIR --skip-train` in one process, then `accelerate launch -m wim train "
+                          "DIR`.")
+    several = cfg.training.rounds > 1 and not (out / "round.json").is_file()
+    if args.command != "run" and (several or cfg.training.mode == "online"):
+        raise ConfigError(f"`wim {args.command}` runs one stage of one round; this run has "
+                          f"training.rounds={cfg.training.rounds}, mode {cfg.training.mode}. Use "
+                          f"`wim run` for the whole run, or point at a round's folder "
+                          f"({out / 'rounds' / '1'}).")
+
+
+def _distributed() -> bool:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _train_distributed(cfg, out: Path, args) -> int:
+    """`accelerate launch -m wim train DIR`: every process trains its share (data-parallel);
+    the main process alone holds the run's lock and writes the stats and the adapter."""
+    import contextlib
+
+    from data_gen.fingerprints import input_fingerprint, record_finished
+    from data_gen.pipeline import train_run
+    from training.dpo import process_state
+    from wim.rundir import RunDir
+
+    run = RunDir(out)
+    state = process_state()
+    lock = (run.lock("wim " + " ".join(sys.argv[1:])) if state.is_main_process
+            else contextlib.nullcontext())
+    with lock:
+        key = input_fingerprint(cfg, run, "train", None, None)
+        metrics = train_run(cfg, run, progress=not args.no_progress and state.is_main_process,
+                            resume_key=key)
+        state.wait_for_everyone()
+        if state.is_main_process:
+            record_finished(run, "train", key)
+            print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)},
+                             indent=2))
     return 0
 
 

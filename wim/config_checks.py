@@ -24,13 +24,17 @@ _CHOICES = {
     "pairs.tie_policy": ("drop", "first", "random"),
     "blind.backend": ("transformers", "llama_cpp", "http"),
     "blind.mode": ("pairwise", "pointwise"),
+    "training.adapter": ("continue", "fresh"),
+    "training.mode": ("offline", "online"),
+    "training.online_tie_policy": ("drop", "first"),
 }
 
 
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
              "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
              "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
-             "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout")
+             "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout",
+             "training.rounds", "training.online_max_new_tokens")
 
 
 def _get(cfg, key: str) -> Any:
@@ -65,6 +69,9 @@ def validate(cfg, source: str = "config") -> None:
             fail(key, "be positive or null", cap)
     if cfg.dpo.save_steps < 0:
         fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
+    if cfg.training.online_temperature <= 0:
+        fail("training.online_temperature", "be > 0 (two greedy completions are identical)",
+             cfg.training.online_temperature)
     if cfg.generation.temperature < 0:
         fail("generation.temperature", "be >= 0", cfg.generation.temperature)
     if not 0.0 < cfg.generation.top_p <= 1.0:
@@ -109,6 +116,14 @@ def _validate_combinations(cfg, fail) -> None:
     if cfg.policy.adapter and cfg.policy.backend != "transformers":
         fail("policy.adapter", "be null unless policy.backend is 'transformers'",
              cfg.policy.adapter)
+    if cfg.training.rounds > 1 and cfg.policy.backend != "transformers":
+        fail("training.rounds", "be 1 unless policy.backend is 'transformers' (later rounds "
+             "sample from the trained adapter)", cfg.training.rounds)
+    if cfg.training.mode == "online" and (cfg.policy.backend != "transformers"
+                                          or cfg.judge.role == "external"):
+        fail("training.mode", "be 'offline' unless policy.backend is 'transformers' and "
+             "judge.role is fixed or changing (the online reward judges with the live model)",
+             cfg.training.mode)
     if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
         fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
     uses_http = cfg.policy.backend == "http" or (
