@@ -27,7 +27,7 @@ STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
     "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
     "score": (("scoring", "judge.on_parse_failure"), ("judgements.jsonl",), ("scores.jsonl",)),
     "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
-    "train": (("lora", "dpo", "wandb"), ("pairs.jsonl",),
+    "train": (("lora", "dpo", "wandb", "training"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
     "report": (("scoring", "pairs", "wandb"),
                ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json",

@@ -28,6 +28,7 @@ from wim.backends import Backend, TransformersBackend, open_backend
 from wim.config import Config
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
+from wim.models import load_causal_lm
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,12 @@ class StageIncomplete(Exception):
 
 
 class Resources:
-    """Models a run needs, loaded on first use and shared between stages."""
+    """Models a run needs, loaded on first use and shared between stages.
+
+    A transformers policy is loaded once (`lm`) and shared by the policy, both judge views
+    (fixed: adapter off; changing: adapter on) and training, which trains it in place; the
+    rounds of `training.rounds` keep using it (`start_round`).
+    """
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -57,6 +63,8 @@ class Resources:
         self._judge: BackendJudge | None = None
         self._prompts = None
         self._held_out = None
+        self._lm = None  # (model, tokenizer) of a transformers policy
+        self._adapter: str | None = None  # the adapter folder whose weights the model holds
 
     def prompts(self):
         """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py)."""
@@ -69,12 +77,62 @@ class Resources:
         self.prompts()
         return self._held_out
 
+    def lm(self):
+        """(model, tokenizer) of the transformers policy, loaded on first use. One round keeps
+        the PEFT-integration path (`policy.adapter` via `load_adapter`); rounds use a trainable
+        peft PeftModel so the next round continues the adapter."""
+        if self._lm is None:
+            c = self.cfg
+            self._lm = load_causal_lm(c.policy.model, adapter=c.policy.adapter,
+                                      load_in_4bit=c.training.load_in_4bit,
+                                      peft_adapter=c.training.rounds > 1)
+            self._adapter = c.policy.adapter
+        return self._lm
+
+    def start_round(self, cfg: Config) -> None:
+        """Switch to a round's config: the model must carry `cfg.policy.adapter` (the previous
+        round's adapter). Kept when the model already holds it (trained in this process), else
+        attached from disk (a resumed run); the weights are never loaded again."""
+        self.cfg, self._policy, self._judge = cfg, None, None
+        if self._lm is None or self._adapter == cfg.policy.adapter:
+            return
+        from peft import PeftModel
+
+        model, tokenizer = self._lm
+        if isinstance(model, PeftModel):
+            model = model.unload()
+        if cfg.policy.adapter:
+            model = PeftModel.from_pretrained(model, cfg.policy.adapter, is_trainable=True)
+        model.eval()
+        self.set_trained((model, tokenizer), cfg.policy.adapter)
+
+    def set_trained(self, lm, adapter: str | None) -> None:
+        """The model after training (now carrying `adapter`); backends are rebuilt on it."""
+        self._lm, self._adapter = lm, adapter
+        self._policy, self._judge = None, None
+
+    def trainable_lm(self):
+        """The shared model for training, or None when training must load its own: an adapter
+        attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
+        PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base."""
+        if self.cfg.policy.backend != "transformers":
+            return None
+        if self.cfg.policy.adapter and self.cfg.training.rounds == 1:
+            return None
+        return self.lm()
+
     def policy(self) -> Backend:
         if self._policy is None:
             c = self.cfg
-            self._policy = open_backend(c.policy.backend, c.policy.model, c,
-                                        batch_size=c.generation.batch_size,
-                                        adapter=c.policy.adapter)
+            if c.policy.backend == "transformers":
+                model, tokenizer = self.lm()
+                self._policy = TransformersBackend(model, tokenizer,
+                                                   batch_size=c.generation.batch_size,
+                                                   label=c.policy.model)
+            else:
+                self._policy = open_backend(c.policy.backend, c.policy.model, c,
+                                            batch_size=c.generation.batch_size,
+                                            adapter=c.policy.adapter)
         return self._policy
 
     def judge(self) -> BackendJudge:
@@ -110,8 +168,9 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
 
 def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                shard: Shard | None = None, progress: bool = True,
-               resources: Resources | None = None) -> dict[str, Any]:
+               resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
     """Run the named stages in order; returns the merged stats (the report when it ran).
+    `close`: release the resources' backends at the end (the rounds keep them).
 
     A stage whose config and inputs are unchanged since it last finished is skipped (see
     fingerprints.py). Raises StageIncomplete after a stage that lost records to backend failures.
@@ -144,7 +203,8 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                 raise StageIncomplete(stage, lost, stats)
             record_finished(run, stage, fingerprint)
     finally:
-        res.close()
+        if close:
+            res.close()
     stats["run/skipped_stages"] = skipped
     return stats
 
@@ -161,7 +221,7 @@ def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shar
     if stage == "pairs":
         return export_pairs(cfg, run)
     if stage == "train":
-        return train_run(cfg, run, progress, resume_key=fingerprint)
+        return train_run(cfg, run, progress, resume_key=fingerprint, resources=res)
     from training.report import write_report
 
     return write_report(cfg, run)
@@ -174,16 +234,23 @@ def _report(run: RunDir) -> dict[str, Any]:
 
 
 def train_run(cfg: Config, run: RunDir, progress: bool = True,
-              resume_key: str | None = None) -> dict[str, Any]:
+              resume_key: str | None = None, resources: Resources | None = None
+              ) -> dict[str, Any]:
+    """DPO on the run's pairs, on the shared model when `resources` holds one (trained in
+    place: the next round samples and judges with the new adapter)."""
     import json
     import time
 
-    from training.dpo import train_dpo
+    from training.dpo import process_state, train_dpo_model
 
     start = time.perf_counter()
-    metrics = train_dpo(cfg, run.pairs, run.file("train"), progress=progress,
-                        resume_key=resume_key)
+    lm = resources.trainable_lm() if resources is not None else None
+    metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
+                                     resume_key=resume_key, lm=lm)
+    if lm is not None:
+        resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
     metrics["time/train"] = time.perf_counter() - start
-    (run.file("stats")).mkdir(exist_ok=True)
-    (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
+    if process_state().is_main_process:
+        (run.file("stats")).mkdir(exist_ok=True)
+        (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
     return metrics

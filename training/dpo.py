@@ -36,12 +36,36 @@ def train_dpo(
     progress: bool = True,
     resume_key: str | None = None,
 ) -> dict[str, float | int]:
+    """Train a LoRA adapter with DPO on the pairs (loading the model) and save it to
+    `out_dir/adapter`; see `train_dpo_model` for what is written and returned."""
+    return train_dpo_model(cfg, pairs_path, out_dir, model_name=model_name, progress=progress,
+                           resume_key=resume_key)[0]
+
+
+def train_dpo_model(
+    cfg: Config,
+    pairs_path: str | Path,
+    out_dir: str | Path,
+    *,
+    model_name: str | None = None,
+    progress: bool = True,
+    resume_key: str | None = None,
+    lm: tuple[Any, Any] | None = None,
+) -> tuple[dict[str, float | int], Any]:
     """Train a LoRA adapter with DPO on the pairs and save it to `out_dir/adapter`.
 
-    Also writes `out_dir/metrics.json` and `out_dir/log_history.json`. Returns `train/steps`,
-    `train/loss_first`, `train/loss_last`, `train/pairs`, `train/seconds`,
-    `train/reward_accuracy_last` (when TRL logged it) and `train/lora_delta_norm`: the L2 norm
-    of the change in LoRA weights from their initial values (> 0 once anything was learned).
+    `lm`: (model, tokenizer) already in memory (the policy the pipeline sampled and judged
+    with), trained in place, so no second copy of the weights is loaded. A peft `PeftModel`
+    (the adapter of an earlier round) continues training its adapter when `training.adapter`
+    is `continue` (TRL keeps a frozen copy of the adapter, not of the weights, as reference);
+    with `fresh`, or a plain model, a new LoRA adapter is put on the base. Without `lm` the
+    model is loaded (bf16 on CUDA, float32 on CPU; 4 bit with `training.load_in_4bit`).
+
+    Also writes `out_dir/metrics.json`, `out_dir/log_history.json` and `out_dir/ranks/<rank>.json`
+    (steps taken by each process). Returns (metrics, trained model): `train/steps`,
+    `train/loss_first`, `train/loss_last`, `train/pairs`, `train/seconds`, reward accuracy and
+    margin (last logged step), `train/lora_delta_norm` (L2 change of the LoRA weights, > 0 once
+    anything was learned), `train/peak_rss_mb` and, on a GPU, `train/peak_gpu_mb`.
     Raises InputError when there are no pairs, ConfigError when `cfg.dpo.extra` names a
     non-DPOConfig field.
 
@@ -51,23 +75,22 @@ def train_dpo(
     checkpoints of any other training are deleted first, never resumed.
     """
     import torch
-    from peft import LoraConfig
     from trl import DPOTrainer
 
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
     n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
     args = _dpo_args(cfg, out_dir / "trainer", progress)
-    checkpoint = _resumable_checkpoint(out_dir / "trainer", resume_key)
+    state = process_state()
+    with state.main_process_first():  # rank 0 cleans stale checkpoints before others look
+        checkpoint = _resumable_checkpoint(out_dir / "trainer", resume_key, state.is_main_process)
     dataset = _load_pairs(pairs_path)
 
-    model, tokenizer = load_causal_lm(model_name or cfg.policy.model)
-    peft_config = LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
+    if lm is None:
+        lm = load_causal_lm(model_name or cfg.policy.model,
+                            load_in_4bit=cfg.training.load_in_4bit)
+    model, tokenizer = lm
+    model, peft_config = _adapter_to_train(cfg, model)
+    _reset_peak_memory()
     trainer = DPOTrainer(
         model=model,
         args=args,
@@ -75,8 +98,11 @@ def train_dpo(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
-    lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n and p.requires_grad}
-    initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt", checkpoint is not None)
+    lora = {n: p for n, p in trainer.model.named_parameters()
+            if "lora_" in n and p.requires_grad and ".ref." not in n}
+    with state.main_process_first():
+        initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt", checkpoint is not None,
+                                state.is_main_process)
 
     start = time.perf_counter()
     if checkpoint:
@@ -85,22 +111,95 @@ def train_dpo(
     seconds = time.perf_counter() - start
 
     with torch.no_grad():
-        delta = sum(float((lora[n] - initial[n]).pow(2).sum()) for n in lora)
-    trainer.model.save_pretrained(out_dir / "adapter")
-    tokenizer.save_pretrained(out_dir / "adapter")
-
+        delta = sum(float((lora[n] - initial[n].to(lora[n].device)).pow(2).sum()) for n in lora)
+    trained = trainer.model
+    if "ref" in getattr(trained, "peft_config", {}):
+        trained.delete_adapter("ref")  # TRL's frozen reference copy of a continued adapter
+    trained.eval()
     history = trainer.state.log_history
     metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
     metrics["train/lora_delta_norm"] = math.sqrt(delta)
     metrics["train/resumed_from_step"] = _step_of(checkpoint)
-    (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    metrics.update(peak_memory("train"))
+    _write_rank(out_dir, state, trainer.state.global_step, lora)
+    if state.is_main_process:
+        trained.save_pretrained(out_dir / "adapter")
+        tokenizer.save_pretrained(out_dir / "adapter")
+        (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
-    return metrics
+    return metrics, trained
 
 
-def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None) -> str | None:
-    """The last checkpoint of this same training, or None (then any stale one is removed)."""
+def process_state():
+    """accelerate's PartialState: this process's rank among those `accelerate launch` started
+    (one process otherwise). Without a GPU the processes join over gloo (`cpu=True`)."""
+    from accelerate import PartialState
+
+    from wim.models import device_and_dtype
+
+    return PartialState(cpu=device_and_dtype()[0] == "cpu")
+
+
+def lora_config(cfg: Config):
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+
+
+def _adapter_to_train(cfg: Config, model):
+    """(model, peft_config for TRL): continue a PeftModel's adapter, or a fresh one on the base."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        if cfg.training.adapter == "continue":
+            return model, None
+        model = model.unload()  # the base weights, the old adapter's layers removed
+    return model, lora_config(cfg)
+
+
+def _reset_peak_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(prefix: str) -> dict[str, float]:
+    """`<prefix>/peak_rss_mb`: the process's peak resident memory so far (ru_maxrss), and
+    `<prefix>/peak_gpu_mb`: the most GPU memory torch held since the last reset (GPU only)."""
+    import resource
+    import sys
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out = {f"{prefix}/peak_rss_mb": round(rss / (1 << 20 if sys.platform == "darwin" else 1024),
+                                          1)}
+    if torch.cuda.is_available():
+        out[f"{prefix}/peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / (1 << 20), 1)
+    return out
+
+
+def _write_rank(out_dir: Path, state, steps: int, lora: dict) -> None:
+    """`ranks/<rank>.json`: this process's steps and a checksum of its LoRA weights (equal on
+    every rank when data-parallel training kept them in sync)."""
+    import torch
+
+    with torch.no_grad():
+        checksum = sum(float(p.detach().double().abs().sum()) for p in lora.values())
+    folder = out_dir / "ranks"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{state.process_index}.json").write_text(json.dumps(
+        {"rank": state.process_index, "world_size": state.num_processes, "steps": int(steps),
+         "lora_checksum": checksum}))
+
+
+def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None, main: bool = True
+                          ) -> str | None:
+    """The last checkpoint of this same training, or None (then any stale one is removed;
+    only by the main process, the others run after it)."""
     import shutil
 
     from transformers.trainer_utils import get_last_checkpoint
@@ -109,6 +208,8 @@ def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None) -> str | No
     if resume_key and trainer_dir.is_dir() and key_file.is_file():
         if key_file.read_text().strip() == resume_key:
             return get_last_checkpoint(str(trainer_dir))
+    if not main:
+        return None
     if trainer_dir.exists():
         shutil.rmtree(trainer_dir)  # checkpoints of another config or pairs: never resumed
     trainer_dir.mkdir(parents=True)
@@ -117,7 +218,7 @@ def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None) -> str | No
     return None
 
 
-def _initial_lora(lora: dict, path: Path, resuming: bool) -> dict:
+def _initial_lora(lora: dict, path: Path, resuming: bool, main: bool = True) -> dict:
     """The LoRA weights before any step, kept on disk so that a resumed training measures its
     weight change from the same start."""
     import torch
@@ -125,7 +226,8 @@ def _initial_lora(lora: dict, path: Path, resuming: bool) -> dict:
     if resuming and path.is_file():
         return torch.load(path)
     initial = {n: p.detach().clone() for n, p in lora.items()}
-    torch.save(initial, path)
+    if main:
+        torch.save(initial, path)
     return initial
 
 
@@ -164,13 +266,16 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
             raise ConfigError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
     if cfg.wandb.enabled:
         os.environ.setdefault("WANDB_PROJECT", cfg.wandb.project)  # read by the wandb callback
+    from wim.models import device_and_dtype
+
+    device, _ = device_and_dtype()
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
-        use_cpu=True,
-        bf16=False,
-        # TRL turns checkpointing on by default; for small models on CPU it only costs time.
+        use_cpu=device == "cpu",  # picked, not pinned: the GPU whenever there is one
+        bf16=device == "cuda",  # float32 on the CPU
+        # TRL turns checkpointing on by default; it is a config switch here (memory vs time).
         # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
-        activation_checkpointing=False,
+        activation_checkpointing=cfg.training.gradient_checkpointing,
         seed=cfg.seed,
         report_to="wandb" if cfg.wandb.enabled else "none",
         save_strategy="steps" if cfg.dpo.save_steps else "no",
@@ -204,7 +309,10 @@ def _summarize(history: list[dict], steps: int, n_pairs: int, seconds: float) ->
         "train/pairs": n_pairs,
         "train/seconds": round(seconds, 3),
     }
-    accuracies = [h["rewards/accuracies"] for h in history if "rewards/accuracies" in h]
-    if accuracies:
-        metrics["train/reward_accuracy_last"] = float(accuracies[-1])
+    for key, name in (("rewards/accuracies", "reward_accuracy"),
+                      ("rewards/margins", "reward_margin")):
+        values = [h[key] for h in history if key in h]
+        if values:
+            metrics[f"train/{name}_last"] = float(values[-1])
+            metrics[f"train/{name}_mean"] = float(sum(values) / len(values))
     return metrics

@@ -67,8 +67,8 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
     run.file("report.html").write_text(
         render_html(markdown, run.path, entries, small_judge=is_small_judge(clean)))
-    if cfg.wandb.enabled:
-        _log_wandb(cfg, clean)
+    if cfg.wandb.enabled and cfg.training.rounds == 1:  # rounds: logged once, data_gen/rounds.py
+        _log_wandb(cfg, run, clean)
     return clean
 
 
@@ -195,8 +195,7 @@ def _failure_sentence(r: dict[str, Any]) -> str:
             "the rating alone. ")
 
 
-def _log_wandb(cfg: Config, report: dict[str, Any]) -> None:
-    import wandb
+def _log_wandb(cfg: Config, run: RunDir, report: dict[str, Any]) -> None:
+    from training.wandb_log import log_single
 
-    with wandb.init(project=cfg.wandb.project, config=cfg.to_dict()) as wb:
-        wb.log({k: v for k, v in report.items() if isinstance(v, (int, float))})
+    log_single(cfg, run, report)  # metrics, critiques table, resolved config

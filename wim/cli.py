@@ -44,12 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--skip-train", action="store_true", help="stop after building pairs")
     for name, text in STAGE_COMMANDS.items():
         add_common(sub.add_parser(name, help=text), "experiment YAML or an existing run directory")
+    export = sub.add_parser("export", help="write the policy with the trained adapter merged "
+                            "in: an ordinary transformers model folder")
+    export.add_argument("dir", help="a finished run directory (its last round's adapter)")
+    export.add_argument("--merged", required=True, metavar="OUT", help="output folder")
     merge = sub.add_parser("merge", help="join shard run directories into one")
     merge.add_argument("dirs", nargs="+", help="shard run directories")
     merge.add_argument("--out", required=True, help="merged run directory")
     merge.add_argument("--allow-partial", action="store_true",
                        help="merge even when some shards of the split are missing")
     _add_eval_parsers(sub)
+    add_refine_parsers(sub)
     return parser
 
 
@@ -77,6 +82,56 @@ def _add_eval_parsers(sub) -> None:
     for p in (ev, compare, validity):
         p.add_argument("--set", **sets)
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def add_refine_parsers(sub) -> None:
+    """`wim refine` and `wim vrr simulate|calibrate` (code in wim/refine/, imported lazily)."""
+    refine = sub.add_parser("refine", help="controlled iterative refinement: one hard-cap master "
+                            "trajectory per prompt, every stopping policy derived from it")
+    refine.add_argument("source", help="experiment YAML with a refine: section "
+                        "(e.g. configs/refine.yaml)")
+    refine.add_argument("--out", required=True, help="output folder (writes OUT/refine/, "
+                        "OUT/plots/refine_quality_vs_tokens.png)")
+    refine.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config field, e.g. refine.gamma=0.05")
+    refine.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    two = sub.add_parser("refine-2x2", help="the 2x2 analysis (E_L same vs cross model x "
+                         "dynamic vs hard cap) of two `wim refine` output folders")
+    two.add_argument("same", help="output folder of the run with refine.evaluator: same")
+    two.add_argument("cross", help="output folder of the run with another E_L model")
+    two.add_argument("--test", choices=("ttest", "wilcoxon"), default="ttest",
+                     help="one-sample test of each per-question contrast (default ttest)")
+    vrr = sub.add_parser("vrr", help="VRR-Stop / VRR-Guard: simulate a verify-repair loop, or "
+                         "calibrate the verifier and repair noise from logs")
+    vsub = vrr.add_subparsers(dest="vrr_command", required=True)
+    sim = vsub.add_parser("simulate", help="synthetic verify-repair loop with known noise")
+    for name, kind, default, text in (
+        ("--pi", float, 0.5, "probability that the first plan is valid"),
+        ("--rho0", float, 0.2, "P(a vote accepts | plan invalid)"),
+        ("--rho1", float, 0.1, "P(a vote rejects | plan valid)"),
+        ("--alpha", float, 0.4, "P(a repair fixes an invalid plan)"),
+        ("--beta", float, 0.1, "P(a repair breaks a valid plan)"),
+        ("--m", int, 8, "verifier votes per round"),
+        ("--k", int, 5, "most repairs (rounds of fixed and guard)"),
+        ("--delta", int, 5, "guard: the repair replaces the incumbent iff S(new) >= S(inc) + "
+         "delta"),
+        ("--tau", float, 0.0, "stop: repair while the gain G > tau"),
+        ("--trials", int, 10000, "simulated questions"),
+        ("--seed", int, 0, "random seed"),
+        ("--transitions", int, 300, "labelled repairs simulated to calibrate alpha and beta"),
+    ):
+        sim.add_argument(name, type=kind, default=default, help=f"{text} (default {default})")
+    sim.add_argument("--json", action="store_true", help="print one JSON object: policy -> "
+                     "{validity, acceptance, repairs} means")
+    cal = vsub.add_parser("calibrate", help="estimate rho0, rho1 (EM over unlabelled votes), "
+                          "alpha, beta (labelled repairs), J, and choose stop or guard")
+    cal.add_argument("--votes", help='jsonl: {"votes": [1, 0, ...]} or {"accepts": S, "m": M}')
+    cal.add_argument("--repairs", help='jsonl: {"valid_before": bool, "valid_after": bool}')
+    cal.add_argument("--m", type=int, default=None, help="votes per plan when lines give only "
+                     "'accepts'")
+    cal.add_argument("--j-min", type=float, default=0.2, help="choose stop when J >= this, "
+                     "else guard (default 0.2)")
+    cal.add_argument("--json", action="store_true", help="print compact JSON")
 
 
 def resolve(args: argparse.Namespace):
@@ -132,6 +187,20 @@ def _is_storage_error(err: OSError) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        from training.export import export_merged
+
+        print(json.dumps(export_merged(Path(args.dir), Path(args.merged)), indent=2))
+        return 0
+    if args.command in ("refine", "refine-2x2", "vrr"):
+        from wim.refine import commands
+
+        if args.command == "refine":
+            return commands.refine(args)
+        if args.command == "refine-2x2":
+            return commands.refine_2x2(args)
+        return (commands.vrr_simulate if args.vrr_command == "simulate"
+                else commands.vrr_calibrate)(args)
     if args.command == "merge":
         from data_gen.merge import merge_runs
         from wim.rundir import RunDir
@@ -148,10 +217,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return getattr(commands, f"{args.command}_command")(args)
 
     from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
+    from data_gen.rounds import run_rounds
     from data_gen.stages import Shard
     from wim.rundir import RunDir
 
     cfg, out = resolve(args)
+    _check_rounds_command(cfg, args, out)
+    if _distributed() and args.command == "train":
+        return _train_distributed(cfg, out, args)
     if args.shard is None and Path(args.source).is_dir():
         args.shard = RunDir(out).shard() if out == Path(args.source) else None
     shard = Shard.parse(args.shard)
@@ -166,8 +239,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     with run.lock("wim " + " ".join(sys.argv[1:])):
         run.claim(cfg, str(shard) if shard else None)
         try:
-            result = run_stages(cfg, run, stages, shard=shard, progress=not args.no_progress,
-                                resources=resources)
+            runner = run_rounds if args.command == "run" else run_stages
+            result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
+                            resources=resources)
         except StageIncomplete as err:
             # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
             run.save_config(cfg, str(shard) if shard else None)
@@ -177,6 +251,54 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 3
         run.save_config(cfg, str(shard) if shard else None)
     _print_result(result, stages, out)
+    return 0
+
+
+def _check_rounds_command(cfg, args, out: Path) -> None:
+    """Runs with several rounds (or online training) are driven by `wim run`; a single stage
+    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`."""
+    if _distributed() and args.command != "train":
+        raise ConfigError(f"under accelerate launch only `wim train` runs (got `wim "
+                          f"{args.command}`); build the pairs first with `wim run CONFIG --out "
+                          "DIR --skip-train` in one process, then `accelerate launch -m wim train "
+                          "DIR`.")
+    several = cfg.training.rounds > 1 and not (out / "round.json").is_file()
+    if args.command != "run" and (several or cfg.training.mode == "online"):
+        raise ConfigError(f"`wim {args.command}` runs one stage of one round; this run has "
+                          f"training.rounds={cfg.training.rounds}, mode {cfg.training.mode}. Use "
+                          f"`wim run` for the whole run, or point at a round's folder "
+                          f"({out / 'rounds' / '1'}).")
+
+
+def _distributed() -> bool:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _train_distributed(cfg, out: Path, args) -> int:
+    """`accelerate launch -m wim train DIR`: every process trains its share (data-parallel);
+    the main process alone holds the run's lock and writes the stats and the adapter."""
+    import contextlib
+
+    from data_gen.fingerprints import input_fingerprint, record_finished
+    from data_gen.pipeline import train_run
+    from training.dpo import process_state
+    from wim.rundir import RunDir
+
+    run = RunDir(out)
+    state = process_state()
+    lock = (run.lock("wim " + " ".join(sys.argv[1:])) if state.is_main_process
+            else contextlib.nullcontext())
+    with lock:
+        key = input_fingerprint(cfg, run, "train", None, None)
+        metrics = train_run(cfg, run, progress=not args.no_progress and state.is_main_process,
+                            resume_key=key)
+        state.wait_for_everyone()
+        if state.is_main_process:
+            record_finished(run, "train", key)
+            print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)},
+                             indent=2))
     return 0
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from wim.config_checks import validate
 from wim.errors import ConfigError
+from wim.refine.config import RefineConfig
 
 __all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "load_config",
            "read_yaml"]
@@ -240,6 +241,35 @@ class EvalConfig:
 
 
 @dataclass
+class TrainingConfig:
+    """How training feeds back into sampling and judging (rounds), and where it runs."""
+
+    rounds: int = 1
+    """Iterations of sample -> judge -> score -> pairs -> train. In round r the policy is the
+    base plus the adapter of round r-1; the changing judge judges with that adapter on, the
+    fixed judge with it off. 1: one pass in the run directory itself; more: DIR/rounds/<r>/."""
+    adapter: str = "continue"
+    """Each round after the first: `continue` training the previous round's adapter (its
+    reference is that adapter's state at the round's start) or train a `fresh` one on the base
+    (the next round's policy is base + the fresh adapter)."""
+    mode: str = "offline"
+    """`offline`: DPO on the pairs of each round (trl.DPOTrainer). `online`: TRL's
+    OnlineDPOTrainer samples 2 completions per prompt each step and the WIM score of the judge
+    (judge.role fixed: adapter off; changing: the live model) is its reward."""
+    online_tie_policy: str = "drop"
+    """Online mode, two completions that tie (pairs.tie_tolerance): `drop` the pair from the
+    loss, or take the `first` as chosen (TRL's own rule, and the authors' code). Counted."""
+    online_max_new_tokens: int = 64
+    """Online mode: most tokens per sampled completion (the paper: 256)."""
+    online_temperature: float = 0.9
+    """Online mode: sampling temperature of the two completions (the paper: 0.9)."""
+    load_in_4bit: bool = False
+    """QLoRA: load the policy's base weights in 4 bit (bitsandbytes, CUDA only)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about 30% more time."""
+
+
+@dataclass
 class WandbConfig:
     enabled: bool = False
     """Log training and the report's metrics to Weights & Biases."""
@@ -281,10 +311,14 @@ class Config:
     """The blind outcome evaluator of `wim eval` and `wim compare`."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation settings of `wim eval` and `wim compare`."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Rounds, offline or online DPO, QLoRA and gradient checkpointing."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """Where the pairs dataset is also published."""
+    refine: RefineConfig = field(default_factory=RefineConfig)
+    """`wim refine`: the controlled refinement loop and its stopping policies."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -24,13 +24,17 @@ _CHOICES = {
     "pairs.tie_policy": ("drop", "first", "random"),
     "blind.backend": ("transformers", "llama_cpp", "http"),
     "blind.mode": ("pairwise", "pointwise"),
+    "training.adapter": ("continue", "fresh"),
+    "training.mode": ("offline", "online"),
+    "training.online_tie_policy": ("drop", "first"),
 }
 
 
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
              "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
              "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
-             "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout")
+             "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout",
+             "training.rounds", "training.online_max_new_tokens")
 
 
 def _get(cfg, key: str) -> Any:
@@ -65,6 +69,9 @@ def validate(cfg, source: str = "config") -> None:
             fail(key, "be positive or null", cap)
     if cfg.dpo.save_steps < 0:
         fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
+    if cfg.training.online_temperature <= 0:
+        fail("training.online_temperature", "be > 0 (two greedy completions are identical)",
+             cfg.training.online_temperature)
     if cfg.generation.temperature < 0:
         fail("generation.temperature", "be >= 0", cfg.generation.temperature)
     if not 0.0 < cfg.generation.top_p <= 1.0:
@@ -74,6 +81,8 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
+    if hasattr(cfg, "refine"):
+        _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
 
 
@@ -107,6 +116,14 @@ def _validate_combinations(cfg, fail) -> None:
     if cfg.policy.adapter and cfg.policy.backend != "transformers":
         fail("policy.adapter", "be null unless policy.backend is 'transformers'",
              cfg.policy.adapter)
+    if cfg.training.rounds > 1 and cfg.policy.backend != "transformers":
+        fail("training.rounds", "be 1 unless policy.backend is 'transformers' (later rounds "
+             "sample from the trained adapter)", cfg.training.rounds)
+    if cfg.training.mode == "online" and (cfg.policy.backend != "transformers"
+                                          or cfg.judge.role == "external"):
+        fail("training.mode", "be 'offline' unless policy.backend is 'transformers' and "
+             "judge.role is fixed or changing (the online reward judges with the live model)",
+             cfg.training.mode)
     if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
         fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
     uses_http = cfg.policy.backend == "http" or (
@@ -114,3 +131,53 @@ def _validate_combinations(cfg, fail) -> None:
     )
     if uses_http and not cfg.http.base_urls:
         fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
+
+
+def _validate_refine(r, fail) -> None:
+    """The `refine:` section (wim/refine/config.py)."""
+    from wim.refine.config import FLAGS, POLICY_NAMES
+    from wim.refine.controller import CRITERIA
+
+    for key in ("max_attempts", "ensemble_n"):
+        if getattr(r, key) < 1:
+            fail(f"refine.{key}", "be at least 1", getattr(r, key))
+    for key in ("gamma", "tau_c"):
+        if not 0.0 <= getattr(r, key) <= 1.0:
+            fail(f"refine.{key}", "lie in [0, 1] (scores are in [0, 1])", getattr(r, key))
+    if r.max_retries < 0:
+        fail("refine.max_retries", "be >= 0", r.max_retries)
+    for flag, table in r.penalties.items():
+        if flag not in FLAGS:
+            fail("refine.penalties", f"use only the flags {', '.join(FLAGS)}", flag)
+        if not isinstance(table, dict) or not table:
+            fail(f"refine.penalties.{flag}", "map criteria to amounts, e.g. "
+                 "{evidence_support: 0.1}", table)
+        for criterion, amount in table.items():
+            if criterion not in CRITERIA:
+                fail(f"refine.penalties.{flag}", f"name criteria among {', '.join(CRITERIA)}",
+                     criterion)
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                    or not 0 <= amount <= 1:
+                fail(f"refine.penalties.{flag}.{criterion}", "be a number in [0, 1]", amount)
+    choices = {"evaluator_backend": ("transformers", "llama_cpp", "http"),
+               "test": ("wilcoxon", "ttest"), "pairs_rule": ("blind", "accepted", "none"),
+               "baseline": POLICY_NAMES, "pairs_policy": POLICY_NAMES}
+    for key, allowed in choices.items():
+        if getattr(r, key) not in allowed:
+            fail(f"refine.{key}", "be one of " + ", ".join(allowed), getattr(r, key))
+    d = r.dynamic
+    for key in ("reject_streak", "window", "stability_window"):
+        if getattr(d, key) < 1:
+            fail(f"refine.dynamic.{key}", "be at least 1", getattr(d, key))
+    for key in ("min_progress", "stability_eps"):
+        if getattr(d, key) < 0:
+            fail(f"refine.dynamic.{key}", "be >= 0", getattr(d, key))
+    v = r.vrr
+    if v.m < 1 or v.k < 0 or v.delta < 0:
+        fail("refine.vrr", "have m >= 1, k >= 0 and delta >= 0", (v.m, v.k, v.delta))
+    for key in ("prior", "rho0", "rho1", "alpha", "beta"):
+        if not 0.0 <= getattr(v, key) <= 1.0:
+            fail(f"refine.vrr.{key}", "lie in [0, 1] (a probability)", getattr(v, key))
+    if v.vote_temperature <= 0:
+        fail("refine.vrr.vote_temperature", "be positive (M votes must be sampled)",
+             v.vote_temperature)

@@ -20,12 +20,13 @@ class Embedder:
     def __init__(self, name: str, batch_size: int = 64) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from wim.models import model_load_error, resolve_embedder
+        from wim.models import device_and_dtype, model_load_error, resolve_embedder
 
         self.name = name
         self.batch_size = batch_size
         try:
-            self.model = SentenceTransformer(resolve_embedder(name), device="cpu")
+            self.model = SentenceTransformer(resolve_embedder(name),
+                                             device=device_and_dtype()[0])  # GPU when there is one
         except (OSError, ValueError) as err:
             raise model_load_error(name, err) from None
         self._cache: dict[str, np.ndarray] = {}

@@ -187,26 +187,76 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def load_causal_lm(name: str, adapter: str | None = None):
-    """Load a causal LM and its tokenizer, resolving `bundled:` names (float32 on CPU).
+def device_and_dtype():
+    """("cuda", torch.bfloat16) when a GPU is there, else ("cpu", torch.float32)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16
+    return "cpu", torch.float32
+
+
+def quantization_config(load_in_4bit: bool):
+    """bitsandbytes 4-bit (NF4, bf16 compute) for QLoRA, or None. Needs CUDA and bitsandbytes."""
+    if not load_in_4bit:
+        return None
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ModelNotFoundError(
+            "training.load_in_4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); none is "
+            "visible here. Set training.load_in_4bit: false to train in float32 on the CPU."
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelNotFoundError(
+            "training.load_in_4bit needs the bitsandbytes package, which is not installed. "
+            "Install it with: pip install bitsandbytes (or set training.load_in_4bit: false)."
+        )
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=torch.bfloat16,
+                              bnb_4bit_use_double_quant=True)
+
+
+def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool = False,
+                   peft_adapter: bool = False):
+    """Load a causal LM and its tokenizer, resolving `bundled:` names, on the GPU in bfloat16
+    when there is one, else on the CPU in float32 (`device_and_dtype`).
 
     `adapter`: a trained LoRA adapter folder (as `wim train` writes it), attached with
-    transformers' PEFT integration (`model.load_adapter`), the way a policy carries one.
+    transformers' PEFT integration (`model.load_adapter`), the way a policy carries one; with
+    `peft_adapter` it is attached as a trainable peft `PeftModel` instead (the rounds of
+    `training.rounds` continue training it). `load_in_4bit`: QLoRA (see quantization_config).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_causal_lm(name)
+    device, dtype = device_and_dtype()
+    quant = quantization_config(load_in_4bit)
+    kwargs = {"dtype": dtype}
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map={"": 0})
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
         raise model_load_error(name, err) from None
+    if quant is None and device != "cpu":
+        model.to(device)
     if adapter:
         if not (Path(adapter) / "adapter_config.json").is_file():
             raise ModelNotFoundError(
                 f"policy.adapter '{adapter}' is not an adapter folder (no adapter_config.json); "
                 "point it at the train/adapter folder of a finished run."
             )
-        model.load_adapter(str(adapter))
+        if peft_adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+        else:
+            model.load_adapter(str(adapter))
     model.eval()
     return model, tokenizer

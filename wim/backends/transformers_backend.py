@@ -97,6 +97,7 @@ class TransformersBackend(Backend):
         import torch
 
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = enc.to(self.model.device)  # the GPU when the model is on one
         sample = params.temperature > 0
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,

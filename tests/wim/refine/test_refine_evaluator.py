@@ -1,0 +1,79 @@
+"""E_L output parsing and the fixed flag rules (pure), and a failed parse is never a score."""
+
+from __future__ import annotations
+
+import pytest
+
+from wim.backends import Backend, Completion
+from wim.judges import Judge, Judgement
+from wim.refine.evaluator import (
+    LoopEvaluator,
+    parse_criterion,
+    parse_verdict,
+    parse_vote,
+    raise_flags,
+)
+
+
+@pytest.mark.parametrize("text,value", [(" 7/10", 0.7), ("7", 0.7), (" 10/10", 1.0),
+                                        (" 0.35", 0.35), ("7.5", 0.75), ("** 3 / 10", 0.3)])
+def test_parse_criterion(text, value):
+    assert parse_criterion(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["the answer", "", "11/10", "-3", "twelve"])
+def test_unparseable_criterion_is_none(text):
+    assert parse_criterion(text) is None
+
+
+def test_parse_verdict_and_vote():
+    assert parse_verdict(" Accept.") == "accept" and parse_verdict("reject") == "reject"
+    assert parse_verdict(" 1. The answer") is None
+    assert parse_vote(" yes") is True and parse_vote(" no") is False
+    assert parse_vote(" correct") is None
+
+
+def test_flag_rules():
+    assert raise_flags("", None) == ("empty_answer",)
+    assert raise_flags("It ends mid", None) == ("truncated",)
+    assert raise_flags("Fine.", "The claim about X is unsupported.") == ("unsupported_claim",)
+    assert raise_flags("Fine.", "It cites a wrong reference") == ("citation_mismatch",)
+    assert raise_flags("Fine.", "The two parts contradict each other") == ("contradiction",)
+    assert raise_flags("Fine.", "Nothing is missing.") == ()
+
+
+class _Script(Backend):
+    """Answers each generate call from a script (to simulate a model that will not comply)."""
+
+    supports_prefill = True
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+        self.calls = 0
+
+    def generate(self, conversations, params, *, n=1, seed=0, prefill=None):
+        self.calls += 1
+        text = self.texts.pop(0) if self.texts else "nonsense"
+        return [[Completion(text, 10, 2)] * n for _ in conversations]
+
+
+class _NoCritique(Judge):
+    def judge(self, items, seed=0):
+        return [Judgement("", 5, "", True, None, 1, 0, 1, 1) for _ in items]
+
+
+def test_failed_parse_is_retried_then_counted_never_scored():
+    backend = _Script(["the answer"] * 100)
+    ev = LoopEvaluator(backend, _NoCritique(), max_retries=2)
+    [out] = ev.evaluate(["Q?"], ["A."])
+    assert out.evaluation.scores is None and out.failure.startswith("factuality did not parse")
+    assert out.attempts == 3
+
+
+def test_parsed_scores_and_ensemble_majority_verdict():
+    one_run = [" 8/10", " 6/10", " 4/10", " 2/10", " 10/10", " accept"]
+    second = [" 6/10", " 6/10", " 4/10", " 2/10", " 10/10", " reject"]
+    ev = LoopEvaluator(_Script(one_run + second), _NoCritique(), ensemble_n=2)
+    [out] = ev.evaluate(["Q?"], ["A."])
+    assert out.evaluation.scores["factuality"] == pytest.approx(0.7)
+    assert out.evaluation.verdict == "reject"  # 1 accept of 2: a tie rejects

@@ -1,0 +1,52 @@
+"""`wim export DIR --merged OUT`: the base model with the run's trained adapter merged in.
+
+OUT is an ordinary transformers model folder (config, safetensors, tokenizer): it loads with
+`AutoModelForCausalLM.from_pretrained(OUT)`, without peft. The adapter is the last round's
+(`DIR/rounds/<R>/train/adapter`), or `DIR/train/adapter` for a one-round run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from wim.errors import InputError
+from wim.models import load_causal_lm
+from wim.rundir import RunDir
+
+
+def last_adapter(run_dir: Path) -> Path:
+    rounds = run_dir / "rounds"
+    candidates = []
+    if rounds.is_dir():
+        numbered = sorted((int(p.name), p) for p in rounds.iterdir() if p.name.isdigit())
+        candidates = [p / "train" / "adapter" for _, p in reversed(numbered)]
+    candidates.append(run_dir / "train" / "adapter")
+    for adapter in candidates:
+        if (adapter / "adapter_config.json").is_file():
+            return adapter
+    raise InputError(f"{run_dir} holds no trained adapter (no train/adapter/adapter_config.json"
+                     f"{' in any round' if rounds.is_dir() else ''}). Train first: `wim run "
+                     f"CONFIG --out {run_dir}` or `wim train {run_dir}`.")
+
+
+def export_merged(run_dir: Path, out: Path) -> dict[str, Any]:
+    """Merge the run's last adapter into its base policy and save the result to `out`."""
+    from peft import PeftModel
+
+    cfg = RunDir(run_dir).load_config()
+    adapter = last_adapter(run_dir)
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} exists and is not empty; give --merged a new folder.")
+    start = time.perf_counter()
+    model, tokenizer = load_causal_lm(cfg.policy.model)  # never 4 bit: merged weights are full
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    summary = {"base": cfg.policy.model, "adapter": str(adapter), "merged": str(out),
+               "seconds": round(time.perf_counter() - start, 1)}
+    (out / "wim_export.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,264 @@
+"""Online DPO (`training.mode: online`): TRL's OnlineDPOTrainer with the WIM score as reward.
+
+Each step the live policy samples two completions per prompt; the judge (`judge.role: fixed`:
+the same weights with the adapter off; `changing`: the live model, adapter on) judges both, and
+their WIM score (`scoring.zeta`, the same formula and embedder as offline) is the reward. The
+higher score is chosen.
+
+What TRL does not do, done here:
+- Ties. TRL takes the first completion when the rewards are equal. `training.online_tie_policy:
+  first` keeps that (the authors' code); `drop` takes the pair out of the loss. Either way the
+  ties are counted (`wim/ties` per step; `online/ties` in total).
+- Failed judgements. TRL turns a None reward into NaN and then into 0, a silent neutral score.
+  Here the reward function never returns None: with `judge.on_parse_failure: exclude` a pair
+  with a failed judgement is taken out of the loss; with `authors` it is scored by the authors'
+  fallback. Both are counted (`wim/failed`, `wim/fallback`).
+- The paper's statistics per step, from the same judgements: tie rate and winner-loser delta
+  for numeric (the rating) and WIM (the similarity), on the 1-10 scale.
+
+TRL has no hook for per-pair loss weights: during training the trainer module's `F` is a proxy
+whose `logsigmoid` weights each pair by its keep mask, rescaled so the loss is the mean over the
+kept pairs (0, no gradient, when none is kept). Only the sigmoid loss is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from wim.config import Config
+from wim.rundir import RunDir
+from wim.scoring import is_tie, to_ten_point
+
+
+class MaskedFunctional:
+    """torch.nn.functional, except that `logsigmoid` weights pair i by `keep[i]`."""
+
+    def __init__(self) -> None:
+        import torch.nn.functional as functional
+
+        self._f = functional
+        self.keep = None  # bool tensor, one per pair of the current step
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+    def logsigmoid(self, x):
+        out = self._f.logsigmoid(x)
+        keep = self.keep
+        if keep is None or keep.shape != out.shape:
+            return out
+        kept = int(keep.sum())
+        weights = keep.to(out.dtype) * (len(keep) / max(kept, 1))
+        return out * weights.to(out.device)
+
+
+class WimReward:
+    """The reward function: judge each completion, score it with the WIM formula, and decide
+    per pair (i, i + B) whether it trains. Writes every judgement to `judgements_path`."""
+
+    __name__ = "wim_reward"
+
+    def __init__(self, cfg: Config, tokenizer, embedder, judgements_path: Path,
+                 masked: MaskedFunctional) -> None:
+        self.cfg, self.tokenizer, self.embedder = cfg, tokenizer, embedder
+        self.path, self.masked = judgements_path, masked
+        self.trainer = None  # set once the trainer exists
+        self.totals = {"pairs": 0, "ties": 0, "failed": 0, "fallback": 0, "dropped": 0}
+        self.deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
+        self.tie_counts = {"numeric": 0, "wim": 0}
+        self.steps: list[dict[str, Any]] = []
+
+    def _judge(self):
+        from wim.backends import TransformersBackend
+        from wim.judges import BackendJudge
+
+        j, model = self.cfg.judge, self.trainer.model
+        backend = TransformersBackend(model, self.tokenizer, batch_size=j.batch_size,
+                                      label=self.cfg.policy.model,
+                                      without_adapter=j.role == "fixed")
+        name = self.cfg.policy.model + (" (live adapter)" if j.role == "changing" else "")
+        return BackendJudge(backend, role=j.role, model_name=name, mode=j.mode, prompt=j.prompt,
+                            criteria=j.criteria, instructions_in=j.instructions_in,
+                            max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
+                            retry_temperature=j.retry_temperature)
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        import torch
+
+        from wim.metrics import system_values
+        from wim.scoring import score_judgements
+
+        step = self.trainer.state.global_step + 1 if self.trainer else 0
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        asked = [_user_text(p) for p in prompts]
+        results = self._judge().judge(list(zip(asked, texts, strict=True)),
+                                      seed=self.cfg.seed * 1000 + step)
+        records = [{"prompt_id": f"{step}-{i}", "sample_idx": 0, "prompt": asked[i],
+                    "response": texts[i], "critique": r.critique, "rating": r.rating,
+                    "parse_ok": r.parse_ok and not r.backend_failed, "raw_judge_text": r.raw}
+                   for i, r in enumerate(results)]
+        scored = score_judgements(records, self.embedder, self.cfg.scoring.zeta,
+                                  self.cfg.judge.on_parse_failure)
+        half, tol = len(scored) // 2, self.cfg.pairs.tie_tolerance
+        keep, counts = [], {"pairs": half, "ties": 0, "failed": 0, "fallback": 0}
+        ties = {"numeric": 0, "wim": 0}
+        deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
+        for a, b in zip(scored[:half], scored[half:], strict=True):
+            counts["failed"] += (not a["parse_ok"]) + (not b["parse_ok"])
+            counts["fallback"] += bool(a.get("fallback")) + bool(b.get("fallback"))
+            if a["score"] is None or b["score"] is None:
+                keep.append(False)  # a failed judgement: no verdict, no training signal
+                continue
+            va, vb = system_values(a, 0.0, []), system_values(b, 0.0, [])
+            for s in ("numeric", "wim"):
+                if s in va and s in vb:
+                    deltas[s].append(abs(va[s] - vb[s]))
+                    ties[s] += is_tie(va[s] - vb[s], tol)
+            tie = is_tie(to_ten_point(a["score"]) - to_ten_point(b["score"]), tol)
+            counts["ties"] += tie
+            keep.append(not tie or self.cfg.training.online_tie_policy == "first")
+        counts["dropped"] = half - sum(keep)
+        self.masked.keep = torch.tensor(keep, dtype=torch.bool)
+        row = self._record_step(step, counts, ties, deltas)
+        self._append(step, scored)
+        if self.trainer is not None:
+            for key, value in row.items():
+                if key != "step":  # every key every step (TRL averages each list per log)
+                    self.trainer.stats.setdefault(f"wim/{key}", []).append(
+                        math.nan if value is None else float(value))
+        # Never None (TRL would make it 0): a dropped pair's value does not reach the loss.
+        return [r["score"] if r["score"] is not None else 0.0 for r in scored]
+
+    def _record_step(self, step, counts, ties, deltas) -> dict[str, Any]:
+        for key in self.totals:
+            self.totals[key] += counts[key]
+        row: dict[str, Any] = {"step": step, **counts}
+        for s in ("numeric", "wim"):
+            n = len(deltas[s])
+            self.tie_counts[s] += ties[s]
+            self.deltas[s] += deltas[s]
+            row[f"tie_rate/{s}"] = ties[s] / n if n else None
+            row[f"delta/{s}"] = sum(deltas[s]) / n if n else None
+        self.steps.append(row)
+        return row
+
+    def _append(self, step: int, scored: list[dict]) -> None:
+        with self.path.open("a") as f:
+            for r in scored:
+                f.write(json.dumps({"step": step, **{k: r.get(k) for k in (
+                    "prompt", "response", "critique", "rating", "parse_ok", "rating_norm",
+                    "similarity", "score", "fallback", "raw_judge_text")}}) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        out = {f"online/{k}": v for k, v in self.totals.items()}
+        for s in ("numeric", "wim"):
+            n = len(self.deltas[s])
+            out[f"online/tie_rate/{s}"] = self.tie_counts[s] / n if n else None
+            out[f"online/delta/{s}"] = sum(self.deltas[s]) / n if n else None
+        return out
+
+
+def _user_text(prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+
+
+def online_args(cfg: Config, output_dir: Path, progress: bool):
+    from trl.experimental.online_dpo import OnlineDPOConfig
+
+    from wim.models import device_and_dtype
+
+    d, t = cfg.dpo, cfg.training
+    return OnlineDPOConfig(
+        output_dir=str(output_dir), learning_rate=d.learning_rate, beta=[d.beta],
+        max_steps=d.max_steps, per_device_train_batch_size=d.per_device_train_batch_size,
+        gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
+        max_new_tokens=t.online_max_new_tokens, temperature=t.online_temperature,
+        top_p=cfg.generation.top_p, logging_steps=d.logging_steps, seed=cfg.seed,
+        bf16=device_and_dtype()[0] == "cuda", activation_checkpointing=t.gradient_checkpointing,
+        report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
+        disable_tqdm=not progress, loss_type="sigmoid")
+
+
+def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
+               ) -> dict[str, Any]:
+    """Train online on the run's prompts; writes train/ (adapter, log_history.json,
+    online_steps.jsonl, online_judgements.jsonl, metrics.json) and report.json."""
+    import datasets
+    import trl.experimental.online_dpo.online_dpo_trainer as trainer_module
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    from data_gen.pipeline import Resources
+    from training.dpo import _reset_peak_memory, lora_config, peak_memory
+    from wim.embedders import Embedder
+
+    res = resources or Resources(cfg)
+    out = run.file("train")
+    out.mkdir(parents=True, exist_ok=True)
+    judgements = out / "online_judgements.jsonl"
+    judgements.unlink(missing_ok=True)  # online training restarts from step 0
+    prompts = res.prompts()
+    dataset = datasets.Dataset.from_list([{"prompt": list(p.messages)} for p in prompts])
+    model, tokenizer = res.lm()
+    masked = MaskedFunctional()
+    reward = WimReward(cfg, tokenizer, Embedder(cfg.scoring.embedder, cfg.scoring.batch_size),
+                       judgements, masked)
+    _reset_peak_memory()
+    trainer = OnlineDPOTrainer(model=model, reward_funcs=[reward],
+                               args=online_args(cfg, out / "trainer", progress),
+                               train_dataset=dataset, processing_class=tokenizer,
+                               peft_config=lora_config(cfg))
+    reward.trainer = trainer
+    original, trainer_module.F = trainer_module.F, masked
+    start = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        trainer_module.F = original
+    seconds = time.perf_counter() - start
+    trainer.model.eval()
+    trainer.model.save_pretrained(out / "adapter")
+    tokenizer.save_pretrained(out / "adapter")
+    history = trainer.state.log_history
+    (out / "log_history.json").write_text(json.dumps(history, indent=2))
+    (out / "online_steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in reward.steps))
+    losses = [h["loss"] for h in history if "loss" in h]
+    metrics: dict[str, Any] = {
+        "train/mode": "online", "train/steps": trainer.state.global_step,
+        "train/loss_first": losses[0] if losses else None,
+        "train/loss_last": losses[-1] if losses else None, "time/train": round(seconds, 3),
+        **reward.summary(), **peak_memory("train")}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    report = {**metrics, "judge/role": cfg.judge.role, "policy/model": cfg.policy.model,
+              "score/zeta": cfg.scoring.zeta, "online/tie_policy": cfg.training.online_tie_policy,
+              "score/on_parse_failure": cfg.judge.on_parse_failure}
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
+    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    run.file("report.md").write_text(_markdown(cfg, clean, reward.steps))
+    return clean
+
+
+def _markdown(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+    def cell(v: Any) -> str:
+        return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+    lines = ["# WIM online DPO report", "",
+             f"Policy {cfg.policy.model}, judge role {cfg.judge.role}, zeta "
+             f"{cfg.scoring.zeta:g}, tie policy `{cfg.training.online_tie_policy}`, failed "
+             f"judgements `{cfg.judge.on_parse_failure}`. {r['train/steps']} steps; "
+             f"{r['online/pairs']} pairs, {r['online/ties']} ties, {r['online/failed']} failed "
+             f"judgements, {r['online/dropped']} pairs kept out of the loss.", ""]
+    if cfg.policy.model == "bundled:smollm2-135m-instruct":
+        lines += ["> **Read this first.** The 135M bundled model cannot really judge: these "
+                  "numbers are mechanical, not evidence for or against WIM.", ""]
+    keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
+            "tie_rate/wim", "delta/numeric", "delta/wim"]
+    lines += ["| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    lines += [f"| {s['step']} | " + " | ".join(cell(s.get(k)) for k in keys) + " |"
+              for s in steps]
+    return "\n".join(lines) + "\n"

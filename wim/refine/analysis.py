@@ -1,0 +1,113 @@
+"""Paired comparisons of refinement policies, with Holm correction, and the 2x2 interaction.
+
+Each policy's blind scores are paired by question with a baseline policy's. A comparison uses
+the Wilcoxon signed-rank test (scipy; `zero_method="wilcox"` drops zero differences) or the
+paired t-test; p-values across the comparisons are Holm-adjusted (statsmodels). A comparison
+whose differences are all zero, or that has fewer than two pairs, has no test (p = None) and
+says why. The 2x2 design (E_L: same vs cross model) x (stopping: dynamic vs hard cap) is read
+per question as four scores; main effects and the interaction contrast
+(same_dyn - same_cap) - (cross_dyn - cross_cap) are tested against 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
+    """Test a vs b paired (same questions); mean difference a - b and the p-value."""
+    from scipy import stats
+
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    out = {"n": len(diffs), "mean_diff": sum(diffs) / len(diffs) if diffs else None,
+           "test": test, "statistic": None, "p": None, "note": ""}
+    if len(diffs) < 2:
+        out["note"] = "fewer than two paired questions"
+        return out
+    if all(abs(d) < 1e-12 for d in diffs):
+        out["note"] = "all differences are zero"
+        return out
+    if test == "ttest" and max(diffs) - min(diffs) < 1e-12:
+        out["note"] = "the differences are constant (no variance for a t-test)"
+        return out
+    if test == "wilcoxon":
+        res = stats.wilcoxon(a, b, zero_method="wilcox")
+    elif test == "ttest":
+        res = stats.ttest_rel(a, b)
+    else:
+        raise ValueError(f"unknown paired test '{test}': expected wilcoxon or ttest")
+    out["statistic"], out["p"] = float(res.statistic), float(res.pvalue)
+    if math.isnan(out["p"]):
+        out["p"], out["note"] = None, "the test is undefined for these differences"
+    return out
+
+
+def holm(results: dict[str, dict]) -> dict[str, dict]:
+    """Add `p_holm` to each result with a p-value (Holm over those), in place; returns it."""
+    from statsmodels.stats.multitest import multipletests
+
+    keys = [k for k, r in results.items() if r.get("p") is not None]
+    for r in results.values():
+        r["p_holm"] = None
+    if keys:
+        _, adjusted, _, _ = multipletests([results[k]["p"] for k in keys], method="holm")
+        for k, p in zip(keys, adjusted, strict=True):
+            results[k]["p_holm"] = float(p)
+    return results
+
+
+def compare_policies(scores: dict[str, list[float | None]], baseline: str,
+                     test: str = "wilcoxon") -> dict[str, dict]:
+    """Every policy against `baseline`, over the questions where both have a blind score."""
+    results = {}
+    for name, values in scores.items():
+        if name == baseline:
+            continue
+        pairs = [(x, y) for x, y in zip(values, scores[baseline], strict=True)
+                 if x is not None and y is not None]
+        results[f"{name} vs {baseline}"] = paired_test([p[0] for p in pairs],
+                                                       [p[1] for p in pairs], test)
+    return holm(results)
+
+
+def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[str, dict]:
+    """The 2x2 (E_L same/cross x stopping dynamic/hard cap) per-question analysis.
+
+    `cells` holds four equally long lists: same_dynamic, same_cap, cross_dynamic, cross_cap.
+    Returns the evaluator main effect, the stopping main effect and the interaction, each a
+    one-sample test of the per-question contrast against 0, Holm-adjusted together."""
+    need = ("same_dynamic", "same_cap", "cross_dynamic", "cross_cap")
+    missing = [k for k in need if k not in cells]
+    if missing:
+        raise ValueError(f"2x2 cells missing: {', '.join(missing)}")
+    sd, sc, xd, xc = (cells[k] for k in need)
+    n = len(sd)
+    if any(len(cells[k]) != n for k in need):
+        raise ValueError("the four 2x2 cells must hold one score per question each")
+    zero = [0.0] * n
+    contrasts = {
+        "evaluator (same - cross)": [(a + b - c - d) / 2 for a, b, c, d in zip(sd, sc, xd, xc,
+                                                                                strict=True)],
+        "stopping (dynamic - cap)": [(a - b + c - d) / 2 for a, b, c, d in zip(sd, sc, xd, xc,
+                                                                                strict=True)],
+        "interaction": [(a - b) - (c - d) for a, b, c, d in zip(sd, sc, xd, xc, strict=True)],
+    }
+    return holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
+
+
+def interaction_from_summaries(same: dict, cross: dict, test: str = "ttest") -> dict:
+    """The 2x2 analysis of two `wim refine` summaries on the same prompts: one with the same
+    model as E_L (refine.evaluator: same), one with another model (the cross-model arm)."""
+    if same["per_question"]["prompt_ids"] != cross["per_question"]["prompt_ids"]:
+        raise ValueError("the two refine runs must cover the same prompts in the same order")
+    cells, keep = {}, None
+    for arm, summary in (("same", same), ("cross", cross)):
+        blind = summary["per_question"]["blind"]
+        for policy, cell in (("dynamic", "dynamic"), ("hard_cap", "cap")):
+            cells[f"{arm}_{cell}"] = blind[policy]
+    n = len(cells["same_dynamic"])
+    keep = [i for i in range(n) if all(cells[k][i] is not None for k in cells)]
+    results = interaction_2x2({k: [v[i] for i in keep] for k, v in cells.items()}, test)
+    return {"questions": len(keep), "dropped_unscored": n - len(keep), "tests": results}

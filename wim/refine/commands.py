@@ -1,0 +1,192 @@
+"""`wim vrr simulate`, `wim vrr calibrate` and `wim refine`: what the CLI calls (lazily)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from wim.errors import InputError
+
+
+def refine(args: argparse.Namespace) -> int:
+    """`wim refine CONFIG --out DIR`."""
+    import sys
+
+    import yaml
+
+    from wim.config import apply_overrides, config_from_dict, read_yaml
+    from wim.prompts import load_prompts
+    from wim.refine import runner, summary
+    from wim.rundir import RunDir
+
+    cfg = config_from_dict(apply_overrides(read_yaml(args.source), args.overrides),
+                           source=args.source)
+    p = cfg.prompts
+    prompts = load_prompts(p.source, split=p.split, limit=p.limit)
+    out = Path(args.out)
+    with RunDir(out).lock("wim " + " ".join(sys.argv[1:])):
+        folder = out / "refine"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "resolved_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(),
+                                                                    sort_keys=False))
+        policy, evaluator, el_name = runner.open_models(cfg)
+        try:
+            trajectories = runner.run_master(cfg, prompts, policy, evaluator,
+                                             progress=not args.no_progress)
+            runner.write_trajectories(folder / "trajectories.jsonl", trajectories)
+            outcomes, info = summary.derive_policies(cfg, trajectories)
+            blind = _blind(cfg, policy)
+            scores, failed = summary.blind_scores(blind, prompts, trajectories, outcomes)
+        finally:
+            policy.close()
+        result = summary.summarize(cfg, prompts, trajectories, outcomes, scores, info)
+        result["blind"] = {"model": blind.model_name, "mode": "pointwise", "failed": failed}
+        result["loop_evaluator"] = el_name
+        pairs = summary.refinement_pairs(cfg, prompts, trajectories, outcomes, scores)
+        from wim.records import write_records_atomic
+
+        write_records_atomic(folder / "pairs.jsonl", pairs)
+        result["pairs"] = {"count": len(pairs), "rule": cfg.refine.pairs_rule,
+                           "policy": cfg.refine.pairs_policy}
+        summary.write_json(folder / "summary.json", result)
+        summary.write_markdown(folder / "summary.md", result)
+        summary.plot(out / "plots" / "refine_quality_vs_tokens.png", result)
+    print(f"wrote {folder / 'trajectories.jsonl'}, {folder / 'summary.md'}, "
+          f"{folder / 'summary.json'}, {folder / 'pairs.jsonl'} and "
+          f"{out / 'plots' / 'refine_quality_vs_tokens.png'}")
+    print(json.dumps({name: {k: row[k] for k in ("attempts_mean", "tokens_mean", "blind_mean")}
+                      for name, row in result["policies"].items()}, indent=2))
+    return 0
+
+
+def refine_2x2(args: argparse.Namespace) -> int:
+    """`wim refine-2x2 SAME CROSS`: main effects and interaction, Holm-adjusted."""
+    from wim.refine.analysis import interaction_from_summaries
+
+    summaries = []
+    for folder in (args.same, args.cross):
+        path = Path(folder) / "refine" / "summary.json"
+        if not path.is_file():
+            raise InputError(f"{path}: not found; run `wim refine CONFIG --out {folder}` first.")
+        summaries.append(json.loads(path.read_text()))
+    try:
+        result = interaction_from_summaries(*summaries, test=args.test)
+    except ValueError as err:
+        raise InputError(f"wim refine-2x2: {err}") from None
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _blind(cfg, policy):
+    """E_B of `blind:`; it shares the policy's weights when it is the same local model (no
+    adapter), so that the model is not loaded twice."""
+    from wim.blind import BlindEvaluator, open_blind_evaluator
+
+    b = cfg.blind
+    if (b.backend == cfg.policy.backend == "transformers" and b.model == cfg.policy.model
+            and not cfg.policy.adapter):
+        return BlindEvaluator(policy, max_retries=b.max_retries, max_new_tokens=b.max_new_tokens,
+                              seed=b.seed, retry_temperature=b.retry_temperature,
+                              model_name=b.model)
+    return open_blind_evaluator(b)
+
+
+def vrr_simulate(args: argparse.Namespace) -> int:
+    from wim.refine.simulate import SimSpec, format_table, simulate
+
+    spec = SimSpec(pi=args.pi, rho0=args.rho0, rho1=args.rho1, alpha=args.alpha, beta=args.beta,
+                   m=args.m, k=args.k, delta=args.delta, tau=args.tau, trials=args.trials,
+                   seed=args.seed, calib_transitions=args.transitions)
+    try:
+        result = simulate(spec)
+    except ValueError as err:
+        raise InputError(f"wim vrr simulate: {err}") from None
+    if args.json:
+        print(json.dumps(result["policies"]))
+    else:
+        print(format_table(result, spec))
+    return 0
+
+
+def vrr_calibrate(args: argparse.Namespace) -> int:
+    from wim.refine.vrr import calibrate_repairs, calibrate_votes, choose_policy, youden_j
+
+    out: dict = {}
+    if args.votes:
+        accepts, m = read_votes(Path(args.votes), args.m)
+        cal = calibrate_votes(accepts, m)
+        out.update(rho0=cal.rho0, rho1=cal.rho1, prior_valid=cal.prior_valid, m=m,
+                   plans=len(accepts), em_iterations=cal.iterations, em_converged=cal.converged)
+        out["J"] = youden_j(cal.rho0, cal.rho1)
+        out["policy"] = choose_policy(out["J"], args.j_min)
+        out["j_min"] = args.j_min
+    if args.repairs:
+        before, after = read_repairs(Path(args.repairs))
+        try:
+            rep = calibrate_repairs(before, after)
+        except ValueError as err:
+            raise InputError(f"{args.repairs}: {err}") from None
+        out.update(alpha=rep.alpha, beta=rep.beta, repairs_invalid_before=rep.n_invalid_before,
+                   repairs_valid_before=rep.n_valid_before)
+    if not out:
+        raise InputError("wim vrr calibrate: give --votes FILE and/or --repairs FILE (jsonl).")
+    print(json.dumps(out, indent=None if args.json else 2))
+    return 0
+
+
+def _jsonl(path: Path):
+    if not path.is_file():
+        raise InputError(f"{path}: no such file.")
+    with path.open() as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{n}: not valid JSON ({err.msg}).") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{n}: expected a JSON object per line.")
+            yield n, row
+
+
+def read_votes(path: Path, m: int | None) -> tuple[list[int], int]:
+    """Each line: {"votes": [1, 0, ...]} (1 = accept) or {"accepts": S, "m": M}; one M for all."""
+    accepts, ms = [], set()
+    for n, row in _jsonl(path):
+        if isinstance(row.get("votes"), list) and all(v in (0, 1, True, False)
+                                                      for v in row["votes"]):
+            accepts.append(int(sum(row["votes"])))
+            ms.add(len(row["votes"]))
+        elif isinstance(row.get("accepts"), int) and isinstance(row.get("m", m), int):
+            mm = row.get("m", m)
+            if not 0 <= row["accepts"] <= mm:
+                raise InputError(f"{path}:{n}: 'accepts' must lie in 0..{mm}, got "
+                                 f"{row['accepts']}.")
+            accepts.append(row["accepts"])
+            ms.add(mm)
+        else:
+            raise InputError(f"{path}:{n}: expected 'votes' (a list of 0/1) or 'accepts' (an "
+                             "integer, with 'm' on the line or --m), got keys "
+                             f"{sorted(row)}.")
+    if not accepts:
+        raise InputError(f"{path}: holds no votes.")
+    if len(ms) != 1:
+        raise InputError(f"{path}: every plan needs the same number of votes, got {sorted(ms)}.")
+    return accepts, ms.pop()
+
+
+def read_repairs(path: Path) -> tuple[list[bool], list[bool]]:
+    """Each line: {"valid_before": true|false, "valid_after": true|false}."""
+    before, after = [], []
+    for n, row in _jsonl(path):
+        a, b = row.get("valid_before"), row.get("valid_after")
+        if not isinstance(a, bool) or not isinstance(b, bool):
+            raise InputError(f"{path}:{n}: expected booleans 'valid_before' and 'valid_after', "
+                             f"got {a!r} and {b!r}.")
+        before.append(a)
+        after.append(b)
+    if not before:
+        raise InputError(f"{path}: holds no labelled repairs.")
+    return before, after

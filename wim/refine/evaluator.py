@@ -1,0 +1,242 @@
+"""The loop evaluator E_L and the verifier votes of the VRR policies.
+
+E_L reads (question, answer) and returns, per answer:
+- the WIM critique (what is missing) and its rating, from the project's judge (wim/judges.py);
+- five criteria in [0, 1] (factuality, coherence, evidence support, depth of analysis,
+  linguistic robustness), each written by the model as "N/10" after a prefilled label;
+- an accept/reject verdict;
+- diagnostic flags raised by fixed rules (`raise_flags`) on the answer and the critique, for
+  the controller's penalty table.
+A criterion or verdict that does not parse makes the whole evaluation fail; it is re-asked
+(sampling, new seed) up to `max_retries` times, then returned with `scores=None` and counted:
+never a neutral score. With `ensemble_n > 1` each answer is scored that many times (the first
+greedy, the others sampled) and the parsed runs are averaged; the verdict is their majority
+(a tie rejects).
+
+Votes: M sampled yes/no answers to "is this answer correct and complete?"; an unparseable vote
+is re-asked, and an answer whose M votes cannot be completed has `accepts=None` (counted).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from wim.backends import Backend, SamplingParams
+from wim.judge_prompts import format_question_answer
+from wim.judges import Judge
+from wim.refine.controller import CRITERIA, Evaluation
+
+LABELS = {"factuality": "Factuality", "coherence": "Coherence",
+          "evidence_support": "Evidence support", "depth_of_analysis": "Depth of analysis",
+          "linguistic_robustness": "Linguistic robustness"}
+VERDICT_LABEL = "Verdict:"
+VOTE_PREFILL = "Correct and complete (yes or no):"
+# One worked example (an exchange before the real one) shows a small model the format; its
+# numbers are written out, so a copy of them is at least a valid, if uninformative, answer.
+EXAMPLE_QUESTION = "What is the boiling point of water at sea level?"
+EXAMPLE_ANSWER = ("Water boils at 100 degrees Celsius (212 F) at sea level, because its vapour "
+                  "pressure then equals the air pressure.")
+EXAMPLE_SCORES = ("Factuality: 9/10\nCoherence: 8/10\nEvidence support: 6/10\n"
+                  "Depth of analysis: 4/10\nLinguistic robustness: 8/10\nVerdict: accept")
+
+INSTRUCTIONS = (
+    "You evaluate an answer to a question. Rate it on five criteria, each from 0 to 10: "
+    "factuality (are the statements true), coherence (is it logically organised), evidence "
+    "support (are claims backed by reasons, facts or examples), depth of analysis, and "
+    "linguistic robustness (clear, correct language). Write each as N/10 on its own line, then "
+    "the verdict: accept if the answer is good enough to keep, reject otherwise."
+)
+STRICT = (" Be strict: give high marks only for what is clearly correct and complete, and "
+          "reject unless the answer is clearly correct and complete.")
+VOTE_INSTRUCTIONS = ("You check answers. Say yes if the answer to the question is correct and "
+                     "complete, no otherwise.")
+
+_NUMBER = re.compile(r"^\s*\**\s*(\d+(?:\.\d+)?)\s*(/\s*10)?")
+_FLAG_RULES = {
+    "unsupported_claim": re.compile(r"\b(unsupported|no evidence|without evidence|"
+                                    r"unsubstantiated|not supported|no sources?)\b", re.I),
+    "citation_mismatch": re.compile(r"\b(wrong|incorrect|mismatched|invalid|fake) "
+                                    r"(citation|reference|source)s?\b|\bcitations? "
+                                    r"(do(es)? not|don't) match", re.I),
+    "contradiction": re.compile(r"\b(contradict\w*|inconsisten\w*)\b", re.I),
+}
+
+
+def parse_criterion(text: str) -> float | None:
+    """'7/10', '7', ' 0.7' -> 0.7; anything else (or out of range) -> None."""
+    m = _NUMBER.match(text)
+    if not m:
+        return None
+    value = float(m.group(1))
+    if m.group(2) or value > 1 or "." not in m.group(1):
+        value = value / 10
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def parse_verdict(text: str) -> str | None:
+    word = re.sub(r"[^a-z]", " ", text.lower()).split()
+    if not word:
+        return None
+    if word[0] in ("accept", "accepted", "accepts", "keep", "yes"):
+        return "accept"
+    if word[0] in ("reject", "rejected", "rejects", "no"):
+        return "reject"
+    return None
+
+
+def parse_vote(text: str) -> bool | None:
+    verdict = parse_verdict(text)
+    return None if verdict is None else verdict == "accept"
+
+
+def raise_flags(answer: str, critique: str | None) -> tuple[str, ...]:
+    """The diagnostic flags of fixed rules (keys of the penalty table; config.FLAGS)."""
+    flags = []
+    if not answer.strip():
+        flags.append("empty_answer")
+    elif answer.rstrip()[-1] not in ".!?)\"'`*:;]":
+        flags.append("truncated")  # no closing punctuation: most likely cut by the token cap
+    for flag, rule in _FLAG_RULES.items():
+        if critique and rule.search(critique):
+            flags.append(flag)
+    return tuple(flags)
+
+
+@dataclass
+class LoopEvaluation:
+    evaluation: Evaluation
+    critique: str | None
+    wim_rating: int | None
+    raw: list[str] = field(default_factory=list)
+    failure: str | None = None
+    attempts: int = 0
+    tokens: int = 0
+
+
+class LoopEvaluator:
+    def __init__(self, backend: Backend, judge: Judge, *, strict: bool = False,
+                 ensemble_n: int = 1, max_retries: int = 2,
+                 retry_temperature: float = 0.7) -> None:
+        self.backend, self.judge = backend, judge
+        self.instructions = INSTRUCTIONS + (STRICT if strict else "")
+        self.ensemble_n, self.max_retries = ensemble_n, max_retries
+        self.retry_temperature = retry_temperature
+
+    def evaluate(self, questions: list[str], answers: list[str],
+                 seed: int = 0) -> list[LoopEvaluation]:
+        judgements = self.judge.judge(list(zip(questions, answers, strict=True)), seed=seed)
+        runs: list[list[tuple[dict | None, str | None, str, int, int]]] = [[] for _ in answers]
+        for e in range(self.ensemble_n):
+            for i, run in enumerate(self._score(questions, answers, judgements, seed + 104729 * e,
+                                                greedy_first=e == 0)):
+                runs[i].append(run)
+        out = []
+        for i, (answer, j) in enumerate(zip(answers, judgements, strict=True)):
+            parsed = [r for r in runs[i] if r[0] is not None]
+            raws = [r[2] for r in runs[i]]
+            tokens = j.prompt_tokens + j.completion_tokens + sum(r[3] for r in runs[i])
+            attempts = sum(r[4] for r in runs[i])
+            critique = j.critique
+            flags = raise_flags(answer, critique)
+            if not parsed:
+                ev = Evaluation(None, None, flags, critique or "")
+                out.append(LoopEvaluation(ev, critique, j.rating, raws, runs[i][-1][1],
+                                          attempts, tokens))
+                continue
+            scores = {c: sum(r[0][c] for r in parsed) / len(parsed) for c in CRITERIA}
+            accepts = sum(r[0]["verdict"] == "accept" for r in parsed)
+            verdict = "accept" if accepts * 2 > len(parsed) else "reject"
+            ev = Evaluation(scores, verdict, flags, critique or "")
+            out.append(LoopEvaluation(ev, critique, j.rating, raws, None, attempts, tokens))
+        return out
+
+    def _score(self, questions, answers, judgements, seed: int, greedy_first: bool):
+        """Per item: (criteria + verdict or None, failure, raw text, tokens, attempts)."""
+        results: list = [None] * len(answers)
+        todo = list(range(len(answers)))
+        spent = [0] * len(answers)
+        for attempt in range(self.max_retries + 1):
+            temperature = 0.0 if attempt == 0 and greedy_first else self.retry_temperature
+            asked = self._ask([self._messages(questions[i], answers[i], judgements[i].critique)
+                               for i in todo], temperature, seed + 7919 * attempt)
+            again = []
+            for i, (raw, values, failure, tokens) in zip(todo, asked, strict=True):
+                spent[i] += tokens
+                results[i] = (values, failure, raw, spent[i], attempt + 1)
+                if values is None:
+                    again.append(i)
+            todo = again
+            if not todo:
+                break
+        return results
+
+    def _messages(self, question: str, answer: str, critique: str | None):
+        note = f"\n\nA reviewer noted what is missing: {critique}" if critique else ""
+        return [{"role": "system", "content": self.instructions},
+                {"role": "user", "content": format_question_answer(EXAMPLE_QUESTION,
+                                                                   EXAMPLE_ANSWER)},
+                {"role": "assistant", "content": EXAMPLE_SCORES},
+                {"role": "user", "content": format_question_answer(question, answer) + note}]
+
+    def _ask(self, convs, temperature: float, seed: int):
+        """Criteria one label at a time (prefilled), then the verdict."""
+        if not convs:
+            return []
+        heads = [""] * len(convs)
+        values: list[dict | None] = [{} for _ in convs]
+        failures: list[str | None] = [None] * len(convs)
+        tokens = [0] * len(convs)
+        steps = [(c, f"{LABELS[c]}:") for c in CRITERIA] + [("verdict", VERDICT_LABEL)]
+        for key, label in steps:
+            heads = [h + ("\n" if h else "") + label for h in heads]
+            params = SamplingParams(6, temperature, 1.0, stop=("\n",))
+            outs = self.backend.generate(convs, params, seed=seed, prefill=list(heads))
+            for i, [o] in enumerate(outs):
+                tokens[i] += o.prompt_tokens + o.completion_tokens
+                text = o.text.split("\n")[0]
+                heads[i] += text
+                if values[i] is None:
+                    continue
+                if not o.ok:
+                    values[i], failures[i] = None, f"backend failed: {o.error}"
+                    continue
+                value = parse_verdict(text) if key == "verdict" else parse_criterion(text)
+                if value is None:
+                    values[i], failures[i] = None, f"{key} did not parse: {text.strip()!r}"
+                else:
+                    values[i][key] = value
+        return list(zip(heads, values, failures, tokens, strict=True))
+
+    def votes(self, questions: list[str], answers: list[str], m: int, temperature: float,
+              seed: int = 0) -> list[tuple[int | None, int, int]]:
+        """Per answer: (accepts of m votes or None, tokens, unparsed votes re-asked)."""
+        convs = [[{"role": "system", "content": VOTE_INSTRUCTIONS},
+                  {"role": "user", "content": format_question_answer(EXAMPLE_QUESTION,
+                                                                     EXAMPLE_ANSWER)},
+                  {"role": "assistant", "content": f"{VOTE_PREFILL} yes"},
+                  {"role": "user", "content": format_question_answer(q, a)}]
+                 for q, a in zip(questions, answers, strict=True)]
+        got: list[list[bool]] = [[] for _ in convs]
+        tokens, redone = [0] * len(convs), [0] * len(convs)
+        params = SamplingParams(2, temperature, 1.0, stop=("\n",))
+        for attempt in range(self.max_retries + 1):
+            need = {i: m - len(got[i]) for i in range(len(convs)) if len(got[i]) < m}
+            if not need:
+                break
+            for n in sorted(set(need.values())):
+                idx = [i for i, k in need.items() if k == n]
+                outs = self.backend.generate([convs[i] for i in idx], params, n=n,
+                                             seed=seed + 7919 * attempt + n,
+                                             prefill=VOTE_PREFILL)
+                for i, samples in zip(idx, outs, strict=True):
+                    for o in samples:
+                        tokens[i] += o.completion_tokens
+                        vote = parse_vote(o.text) if o.ok else None
+                        if vote is None:
+                            redone[i] += 1
+                        else:
+                            got[i].append(vote)
+                    tokens[i] += samples[0].prompt_tokens if samples else 0
+        return [(sum(g) if len(g) == m else None, t, r)
+                for g, t, r in zip(got, tokens, redone, strict=True)]

@@ -1,0 +1,152 @@
+"""`wim refine`: one hard-cap master trajectory per question, then every policy from it.
+
+The loop, per attempt t = 1..max_attempts, for all questions at once (batched):
+G writes a candidate C_t from the retained answer and E_L's feedback on it (the WIM critique
+and the weakest criteria); E_L evaluates C_t; the verifier casts M votes on it (when the VRR
+policies are on); the controller decides whether C_t replaces the retained answer. Every
+attempt, score, decision with its reason, and token count goes to DIR/refine/trajectories.jsonl.
+The policies (wim/refine/stopping.py), the blind outcome evaluator and the statistics follow in
+wim/refine/summary.py. The run is not resumable: a killed run starts again from attempt 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from wim.backends import Backend, SamplingParams, open_backend
+from wim.config import Config
+from wim.judges import BackendJudge
+from wim.refine.controller import (
+    CRITERIA,
+    ControllerParams,
+    Evaluation,
+    aggregate,
+    decide,
+    penalized,
+)
+from wim.refine.evaluator import LoopEvaluation, LoopEvaluator
+
+logger = logging.getLogger(__name__)
+
+FEEDBACK = ("Feedback on your answer:\n- What is missing: {critique}\n- Weakest points: "
+            "{weak}\nRewrite your answer to the question so that it fixes these points. Reply "
+            "with the improved answer only.")
+
+
+def controller_params(cfg: Config) -> ControllerParams:
+    r = cfg.refine
+    return ControllerParams(gamma=r.gamma, tau_c=r.tau_c, critical_guard=r.critical_guard,
+                            penalties={k: dict(v) for k, v in r.penalties.items()})
+
+
+def open_models(cfg: Config) -> tuple[Backend, LoopEvaluator, str]:
+    """The generator's backend, E_L (same model as G, or another one) and E_L's name."""
+    policy = open_backend(cfg.policy.backend, cfg.policy.model, cfg,
+                          batch_size=cfg.generation.batch_size, adapter=cfg.policy.adapter)
+    r, j = cfg.refine, cfg.judge
+    if r.evaluator == "same":
+        backend, name = policy, cfg.policy.model
+    else:
+        backend = open_backend(r.evaluator_backend, r.evaluator, cfg, batch_size=j.batch_size)
+        name = r.evaluator
+    judge = BackendJudge(backend, role="external", model_name=name, mode="wim", prompt=j.prompt,
+                         criteria=j.criteria, instructions_in=j.instructions_in,
+                         max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
+                         retry_temperature=j.retry_temperature)
+    evaluator = LoopEvaluator(backend, judge, strict=r.strict, ensemble_n=r.ensemble_n,
+                              max_retries=r.max_retries, retry_temperature=j.retry_temperature)
+    return policy, evaluator, name
+
+
+def feedback_message(ev: LoopEvaluation) -> str:
+    scores = ev.evaluation.scores
+    weak = (", ".join(sorted(CRITERIA, key=lambda c: scores[c])[:2]).replace("_", " ")
+            if scores else "not known")
+    return FEEDBACK.format(critique=(ev.critique or "nothing noted").strip(), weak=weak)
+
+
+def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
+               progress: bool = True) -> list[list[dict[str, Any]]]:
+    """The master trajectory of every prompt: records of attempts 0..max_attempts."""
+    from tqdm.auto import tqdm
+
+    r, g = cfg.refine, cfg.generation
+    params = controller_params(cfg)
+    questions = [p.text for p in prompts]
+    convs = [list(p.messages) for p in prompts]
+    gen = SamplingParams(g.max_new_tokens, g.temperature, g.top_p)
+    records: list[list[dict[str, Any]]] = [[] for _ in prompts]
+    retained: list[int] = [0] * len(prompts)
+    bar = tqdm(total=r.max_attempts + 1, desc="refine attempts", disable=not progress)
+    for t in range(r.max_attempts + 1):
+        if t == 0:
+            asks = convs
+        else:
+            asks = [c + [{"role": "assistant", "content": records[i][retained[i]]["answer"]},
+                         {"role": "user", "content": feedback_message(
+                             records[i][retained[i]]["_eval"])}]
+                    for i, c in enumerate(convs)]
+        outs = [o[0] for o in policy.generate(asks, gen, seed=cfg.seed * 1000 + t)]
+        answers = [o.text.strip() if o.ok else "" for o in outs]
+        evals = evaluator.evaluate(questions, answers, seed=cfg.seed * 1000 + t)
+        votes = (evaluator.votes(questions, answers, r.vrr.m, r.vrr.vote_temperature,
+                                 seed=cfg.seed * 1000 + t) if r.vrr.enabled
+                 else [(None, 0, 0)] * len(answers))
+        for i, (o, ev, vote) in enumerate(zip(outs, evals, votes, strict=True)):
+            rec = _record(prompts[i].id, t, answers[i], o, ev, vote, params)
+            if t > 0:
+                held = records[i][retained[i]]["_eval"].evaluation
+                d = decide(held, ev.evaluation, params)
+                if d.accept:
+                    retained[i] = t
+                rec["decision"] = {"accept": d.accept, "rule": d.rule, "reason": d.reason,
+                                   "gain": d.gain, "candidate_aggregate": d.candidate_aggregate,
+                                   "retained_aggregate": d.retained_aggregate}
+            rec["retained_attempt"] = retained[i]
+            records[i].append(rec)
+        logger.info("attempt %d of %d done: %d of %d candidates retained so far", t,
+                    r.max_attempts, sum(k > 0 for k in retained), len(prompts))
+        bar.update(1)
+    bar.close()
+    return records
+
+
+def _record(prompt_id: str, t: int, answer: str, out, ev: LoopEvaluation, vote,
+            params: ControllerParams) -> dict[str, Any]:
+    e: Evaluation = ev.evaluation
+    accepts, vote_tokens, redone = vote
+    return {
+        "prompt_id": prompt_id, "attempt": t, "answer": answer,
+        "generation_error": None if out.ok else out.error,
+        "scores": e.scores, "verdict": e.verdict, "flags": list(e.flags),
+        "penalized": penalized(e, params.penalties) if e.scores else None,
+        "aggregate": aggregate(penalized(e, params.penalties)) if e.scores else None,
+        "critique": ev.critique, "wim_rating": ev.wim_rating,
+        "evaluation_failure": ev.failure, "evaluation_attempts": ev.attempts,
+        "evaluator_raw": ev.raw, "accepts": accepts, "votes_reasked": redone,
+        "decision": None,
+        "tokens": {"generate": out.prompt_tokens + out.completion_tokens,
+                   "evaluate": ev.tokens, "votes": vote_tokens},
+        "_eval": ev,
+    }
+
+
+def write_trajectories(path: Path, records: list[list[dict[str, Any]]]) -> None:
+    from wim.records import write_records_atomic
+
+    rows = [{k: v for k, v in rec.items() if k != "_eval"} for recs in records for rec in recs]
+    write_records_atomic(path, rows)
+
+
+def read_trajectories(path: Path) -> list[list[dict[str, Any]]]:
+    """Records grouped by prompt, in attempt order (as written by write_trajectories)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                groups.setdefault(rec["prompt_id"], []).append(rec)
+    return [sorted(g, key=lambda r: r["attempt"]) for g in groups.values()]

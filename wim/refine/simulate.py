@@ -1,0 +1,212 @@
+"""`wim vrr simulate`: a synthetic verify-repair loop with known noise, vectorized over trials.
+
+The model (issue 12): a plan is valid with probability pi at the start; each round the verifier
+casts m votes, each accepting with 1 - rho1 if the plan is valid and rho0 if not (S = accepts);
+a repair makes an invalid plan valid with alpha and a valid one invalid with beta. Policies:
+- none: commits the first plan;
+- fixed: repairs every round for k rounds, whatever the votes;
+- stop: the belief filter from the prior pi; repairs while G > tau, at most k times;
+- stop_calibrated: the same with rho0, rho1 (and the prior) estimated by binomial-mixture EM
+  over simulated unlabelled votes, and alpha, beta from simulated labelled repairs;
+- guard: k rounds, each repairing the incumbent; the repair replaces it iff
+  S(new) >= S(incumbent) + delta.
+Acceptance is a strict majority (S > m / 2) of the committed plan's last votes. Round r of the
+per-round table shows the plan held after round r's votes (a stopped policy keeps its plan).
+Note: in this model acceptance can rise while validity falls only if the verifier prefers
+invalid plans (P(majority | invalid) > P(majority | valid), i.e. J < 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wim.refine.vrr import (
+    VRRParams,
+    calibrate_repairs,
+    calibrate_votes,
+    gain,
+    guard_replaces,
+    posterior,
+    predict,
+)
+
+POLICIES = ("none", "fixed", "stop", "stop_calibrated", "guard")
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    pi: float
+    rho0: float
+    rho1: float
+    alpha: float
+    beta: float
+    m: int = 8
+    k: int = 5
+    delta: int = 5
+    tau: float = 0.0
+    trials: int = 10000
+    seed: int = 0
+    calib_plans: int = 2000
+    """Plans whose m unlabelled votes feed the EM of stop_calibrated."""
+    calib_transitions: int = 300
+    """Labelled before/after repairs for alpha and beta (half valid, half invalid before)."""
+
+    def params(self) -> VRRParams:
+        return VRRParams(self.rho0, self.rho1, self.alpha, self.beta, self.m, self.k,
+                         self.tau, self.delta)
+
+
+class _World:
+    """The plans' true validity, the verifier and the repairs, drawn from one seeded stream."""
+
+    def __init__(self, spec: SimSpec, rng: np.random.Generator) -> None:
+        self.spec, self.rng = spec, rng
+
+    def start(self, n: int) -> np.ndarray:
+        return self.rng.random(n) < self.spec.pi
+
+    def votes(self, valid: np.ndarray) -> np.ndarray:
+        p = np.where(valid, 1 - self.spec.rho1, self.spec.rho0)
+        return self.rng.binomial(self.spec.m, p)
+
+    def repair(self, valid: np.ndarray) -> np.ndarray:
+        u = self.rng.random(valid.shape)
+        return np.where(valid, u >= self.spec.beta, u < self.spec.alpha)
+
+
+def calibrate_from_logs(spec: SimSpec, rng: np.random.Generator) -> tuple[VRRParams, float, dict]:
+    """Estimated VRRParams and prior from simulated logs (see SimSpec.calib_*)."""
+    world = _World(spec, rng)
+    votes = world.votes(world.start(spec.calib_plans))
+    n = spec.calib_transitions
+    before = np.arange(n) < n // 2
+    after = world.repair(before)
+    labelled_votes = world.votes(before)
+    cal = calibrate_votes(votes, spec.m, labelled=(labelled_votes, before))
+    rep = calibrate_repairs(before, after)
+    est = VRRParams(cal.rho0, cal.rho1, rep.alpha, rep.beta, spec.m, spec.k, spec.tau,
+                    spec.delta)
+    info = {"rho0": cal.rho0, "rho1": cal.rho1, "prior_valid": cal.prior_valid,
+            "alpha": rep.alpha, "beta": rep.beta, "em_iterations": cal.iterations,
+            "em_converged": cal.converged, "plans": spec.calib_plans, "transitions": n}
+    return est, cal.prior_valid, info
+
+
+def _rounds(spec: SimSpec) -> dict[str, list[float]]:
+    return {"validity": [], "acceptance": []}
+
+
+def _record(rounds, valid, accepts, m: int) -> None:
+    rounds["validity"].append(float(valid.mean()))
+    rounds["acceptance"].append(float((accepts > m / 2).mean()))
+
+
+def run_fixed(spec: SimSpec, world: _World, valid: np.ndarray, repairs_cap: int):
+    rounds = _rounds(spec)
+    s = world.votes(valid)
+    _record(rounds, valid, s, spec.m)
+    for _ in range(repairs_cap):
+        valid = world.repair(valid)
+        s = world.votes(valid)
+        _record(rounds, valid, s, spec.m)
+    return valid, s, np.full(valid.shape, repairs_cap), rounds
+
+
+def run_stop(spec: SimSpec, world: _World, valid: np.ndarray, p: VRRParams, prior: float):
+    rounds = _rounds(spec)
+    active = np.ones(valid.shape, dtype=bool)
+    belief = np.full(valid.shape, prior)
+    last = np.zeros(valid.shape, dtype=int)
+    repairs = np.zeros(valid.shape, dtype=int)
+    for r in range(spec.k + 1):
+        s = world.votes(valid)
+        last = np.where(active, s, last)
+        b = posterior(belief, s, p.m, p.rho0, p.rho1)
+        stop_now = active & ((gain(b, p.alpha, p.beta) <= p.tau) | (r == spec.k))
+        active = active & ~stop_now
+        _record(rounds, valid, last, spec.m)
+        if not active.any():
+            break
+        valid = np.where(active, world.repair(valid), valid)
+        repairs += active
+        belief = np.where(active, predict(b, p.alpha, p.beta), belief)
+    while len(rounds["validity"]) < spec.k + 1:  # every trial stopped early: carry forward
+        _record(rounds, valid, last, spec.m)
+    return valid, last, repairs, rounds
+
+
+def run_guard(spec: SimSpec, world: _World, valid: np.ndarray):
+    rounds = _rounds(spec)
+    s_inc = world.votes(valid)
+    _record(rounds, valid, s_inc, spec.m)
+    for _ in range(spec.k):
+        new = world.repair(valid)
+        s_new = world.votes(new)
+        take = guard_replaces(s_new, s_inc, spec.delta)
+        valid, s_inc = np.where(take, new, valid), np.where(take, s_new, s_inc)
+        _record(rounds, valid, s_inc, spec.m)
+    return valid, s_inc, np.full(valid.shape, spec.k), rounds
+
+
+def simulate(spec: SimSpec) -> dict:
+    """Means over the trials per policy, the per-round table, and the calibration found."""
+    _check(spec)
+    seeds = np.random.SeedSequence(spec.seed).spawn(len(POLICIES) + 1)
+    rngs = {name: np.random.default_rng(s) for name, s in zip(POLICIES, seeds, strict=False)}
+    est, est_prior, calib = calibrate_from_logs(spec, np.random.default_rng(seeds[-1]))
+    out: dict = {"policies": {}, "rounds": {}, "calibration": calib}
+    for name in POLICIES:
+        world = _World(spec, rngs[name])
+        start = world.start(spec.trials)
+        if name == "none":
+            result = run_fixed(spec, world, start, 0)
+            v, s, rep, rounds = result
+            rounds = {key: vals * (spec.k + 1) for key, vals in rounds.items()}
+        elif name == "fixed":
+            v, s, rep, rounds = run_fixed(spec, world, start, spec.k)
+        elif name == "stop":
+            v, s, rep, rounds = run_stop(spec, world, start, spec.params(), spec.pi)
+        elif name == "stop_calibrated":
+            v, s, rep, rounds = run_stop(spec, world, start, est, est_prior)
+        else:
+            v, s, rep, rounds = run_guard(spec, world, start)
+        out["policies"][name] = {"validity": float(v.mean()),
+                                 "acceptance": float((s > spec.m / 2).mean()),
+                                 "repairs": float(rep.mean())}
+        out["rounds"][name] = rounds
+    return out
+
+
+def _check(spec: SimSpec) -> None:
+    for name in ("pi", "rho0", "rho1", "alpha", "beta"):
+        value = getattr(spec, name)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"--{name} must lie in [0, 1], got {value}")
+    for name in ("m", "trials"):
+        if getattr(spec, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(spec, name)}")
+    if spec.k < 0:
+        raise ValueError(f"--k must be >= 0, got {spec.k}")
+
+
+def format_table(result: dict, spec: SimSpec) -> str:
+    """The printed table: means per policy, then validity / acceptance per round."""
+    lines = [f"{'policy':<16} {'validity':>9} {'acceptance':>11} {'repairs':>8}"]
+    for name, row in result["policies"].items():
+        lines.append(f"{name:<16} {row['validity']:>9.3f} {row['acceptance']:>11.3f} "
+                     f"{row['repairs']:>8.2f}")
+    header = " ".join(f"{'r' + str(r):>11}" for r in range(spec.k + 1))
+    lines += ["", "per round: true validity / verifier acceptance (majority of last votes)",
+              f"{'policy':<16} {header}"]
+    for name, rounds in result["rounds"].items():
+        cells = " ".join(f"{v:.2f}/{a:.2f}".rjust(11)
+                         for v, a in zip(rounds["validity"], rounds["acceptance"], strict=True))
+        lines.append(f"{name:<16} {cells}")
+    c = result["calibration"]
+    lines += ["", f"calibrated from {c['plans']} unlabelled plans x {spec.m} votes and "
+              f"{c['transitions']} labelled repairs: rho0={c['rho0']:.3f} rho1={c['rho1']:.3f} "
+              f"alpha={c['alpha']:.3f} beta={c['beta']:.3f} (true {spec.rho0}, {spec.rho1}, "
+              f"{spec.alpha}, {spec.beta}); J={1 - spec.rho0 - spec.rho1:.3f}"]
+    return "\n".join(lines)

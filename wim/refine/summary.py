@@ -1,0 +1,240 @@
+"""Policies from the master trajectories, their blind outcome and token cost, and the outputs.
+
+Writes DIR/refine/summary.json and summary.md (per policy: attempts, tokens, blind quality,
+paired tests against the baseline with Holm correction), DIR/refine/pairs.jsonl (refinement as
+data: (final, initial) preference rows) and DIR/plots/refine_quality_vs_tokens.png.
+Token cost of a policy on a question: the initial answer (and its evaluation, except for
+`none`), plus generation and evaluation of each attempt it used, plus the votes on those
+answers for the VRR policies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from wim.config import Config
+from wim.refine.analysis import compare_policies
+from wim.refine.stopping import DynamicParams, Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
+from wim.refine.vrr import VRRParams, calibrate_votes, choose_policy, youden_j
+
+logger = logging.getLogger(__name__)
+
+CAVEAT = ("The bundled 135M model cannot really generate, evaluate or judge: these numbers show "
+          "that the loop, the controller, the stopping policies and the statistics run end to "
+          "end; they are mechanical, not evidence for or against refinement.")
+
+
+def steps_of(recs: list[dict[str, Any]]) -> list[Step]:
+    out = []
+    for rec in recs[1:]:
+        d = rec["decision"]
+        kept = rec["retained_attempt"]
+        out.append(Step(d["accept"], recs[kept]["aggregate"], rec["aggregate"], kept,
+                        rec["accepts"]))
+    return out
+
+
+def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
+                    ) -> tuple[dict[str, list[Outcome]], dict[str, Any]]:
+    """Outcome of each policy on each question, and the VRR calibration found on the votes."""
+    r, v = cfg.refine, cfg.refine.vrr
+    d = r.dynamic
+    dyn = DynamicParams(d.reject_streak, d.window, d.min_progress, d.stability_window,
+                        d.stability_eps)
+    vp = VRRParams(v.rho0, v.rho1, v.alpha, v.beta, v.m, v.k, v.tau, v.delta)
+    out: dict[str, list[Outcome]] = {"none": [], "hard_cap": [], "dynamic": []}
+    info: dict[str, Any] = {}
+    voted = v.enabled and all(rec["accepts"] is not None for t in trajectories for rec in t)
+    if v.enabled and not voted:
+        info["vrr_skipped"] = "some answers' votes failed to parse after retries"
+    calibrated = None
+    if voted:
+        out.update(vrr_stop=[], vrr_guard=[])
+        if v.calibrate:
+            cal = calibrate_votes([rec["accepts"] for t in trajectories for rec in t], v.m)
+            j = youden_j(cal.rho0, cal.rho1)
+            info["calibration"] = {"rho0": cal.rho0, "rho1": cal.rho1,
+                                   "prior_valid": cal.prior_valid, "J": j,
+                                   "recommended": choose_policy(j, v.j_min), "j_min": v.j_min,
+                                   "em_converged": cal.converged}
+            calibrated = (VRRParams(cal.rho0, cal.rho1, v.alpha, v.beta, v.m, v.k, v.tau,
+                                    v.delta), cal.prior_valid)
+            out["vrr_stop_calibrated"] = []
+    for recs in trajectories:
+        steps = steps_of(recs)
+        out["none"].append(Outcome("none", 0, 0, "the initial answer"))
+        out["hard_cap"].append(hard_cap(steps, r.max_attempts))
+        out["dynamic"].append(dynamic(steps, recs[0]["aggregate"], r.max_attempts, dyn))
+        if voted:
+            out["vrr_stop"].append(vrr_stop(steps, recs[0]["accepts"], v.prior, vp))
+            out["vrr_guard"].append(vrr_guard(steps, recs[0]["accepts"], vp))
+            if calibrated:
+                out["vrr_stop_calibrated"].append(
+                    vrr_stop(steps, recs[0]["accepts"], calibrated[1], calibrated[0]))
+    return out, info
+
+
+def policy_tokens(name: str, recs: list[dict[str, Any]], attempts: int) -> int:
+    if name == "none":
+        return recs[0]["tokens"]["generate"]
+    used = recs[: attempts + 1]
+    total = sum(rec["tokens"]["generate"] + rec["tokens"]["evaluate"] for rec in used)
+    if name.startswith("vrr"):
+        total += sum(rec["tokens"]["votes"] for rec in used)
+    return total
+
+
+def blind_scores(blind, prompts, trajectories, outcomes) -> tuple[dict, int]:
+    """E_B's score of every distinct final answer, keyed (question index, attempt)."""
+    wanted = sorted({(i, o.final_index) for outs in outcomes.values()
+                     for i, o in enumerate(outs)})
+    verdicts = blind.pointwise([prompts[i].text for i, _ in wanted],
+                               [trajectories[i][t]["answer"] for i, t in wanted])
+    scores = {key: v.score for key, v in zip(wanted, verdicts, strict=True)}
+    return scores, sum(v.score is None for v in verdicts)
+
+
+def summarize(cfg: Config, prompts, trajectories, outcomes, scores, info) -> dict[str, Any]:
+    r = cfg.refine
+    cap_tokens = None
+    table = {}
+    per_question: dict[str, list[float | None]] = {}
+    for name, outs in outcomes.items():
+        tokens = [policy_tokens(name, trajectories[i], o.attempts) for i, o in enumerate(outs)]
+        blind = [scores[(i, o.final_index)] for i, o in enumerate(outs)]
+        got = [b for b in blind if b is not None]
+        per_question[name] = blind
+        table[name] = {"attempts_mean": sum(o.attempts for o in outs) / len(outs),
+                       "tokens_mean": sum(tokens) / len(tokens), "tokens_total": sum(tokens),
+                       "blind_mean": sum(got) / len(got) if got else None,
+                       "blind_scored": len(got), "blind_failed": len(blind) - len(got),
+                       "changed_answer": sum(o.final_index != 0 for o in outs)}
+        if name == "hard_cap":
+            cap_tokens = table[name]["tokens_total"]
+    for row in table.values():
+        row["tokens_saved_vs_hard_cap"] = (1 - row["tokens_total"] / cap_tokens
+                                           if cap_tokens else None)
+    tests = (compare_policies(per_question, r.baseline, r.test)
+             if r.baseline in per_question else {})
+    recs = [rec for t in trajectories for rec in t]
+    decisions = [rec["decision"] for rec in recs if rec["decision"]]
+    return {
+        "caveat": CAVEAT, "prompts": len(prompts), "max_attempts": r.max_attempts,
+        "evaluator": r.evaluator, "strict": r.strict, "critical_guard": r.critical_guard,
+        "ensemble_n": r.ensemble_n, "policies": table, "tests": tests, "baseline": r.baseline,
+        "per_question": {"prompt_ids": [p.id for p in prompts], "blind": per_question,
+                         "attempts": {n: [o.attempts for o in outs]
+                                      for n, outs in outcomes.items()},
+                         "reasons": {n: [o.reason for o in outs] for n, outs in outcomes.items()}},
+        "counts": {"attempts": len(recs), "accepted": sum(d["accept"] for d in decisions),
+                   "rejections_by_rule": _count(d["rule"] for d in decisions if not d["accept"]),
+                   "evaluation_failed": sum(rec["scores"] is None for rec in recs),
+                   "votes_failed": sum(rec["accepts"] is None for rec in recs)
+                   if cfg.refine.vrr.enabled else None,
+                   "votes_reasked": sum(rec["votes_reasked"] for rec in recs)},
+        **info,
+    }
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def refinement_pairs(cfg: Config, prompts, trajectories, outcomes, scores) -> list[dict]:
+    """(final, initial) rows in the TRL conversational preference format of pairs.jsonl."""
+    r = cfg.refine
+    if r.pairs_rule == "none" or r.pairs_policy not in outcomes:
+        return []
+    rows = []
+    for i, o in enumerate(outcomes[r.pairs_policy]):
+        final, first = scores.get((i, o.final_index)), scores.get((i, 0))
+        if o.final_index == 0:
+            continue
+        if r.pairs_rule == "blind" and (final is None or first is None or final <= first):
+            continue
+        chosen, rejected = trajectories[i][o.final_index], trajectories[i][0]
+        rows.append({"prompt": list(prompts[i].messages),
+                     "chosen": [{"role": "assistant", "content": chosen["answer"]}],
+                     "rejected": [{"role": "assistant", "content": rejected["answer"]}],
+                     "prompt_id": prompts[i].id, "domain": prompts[i].domain,
+                     "policy": r.pairs_policy, "rule": r.pairs_rule,
+                     "chosen_attempt": o.final_index, "chosen_blind": final,
+                     "rejected_blind": first, "chosen_aggregate": chosen["aggregate"],
+                     "rejected_aggregate": rejected["aggregate"]})
+    return rows
+
+
+def write_markdown(path: Path, summary: dict[str, Any]) -> None:
+    lines = ["# Refinement: policies from shared master trajectories", "",
+             f"> {summary['caveat']}", "",
+             f"{summary['prompts']} prompts, hard cap {summary['max_attempts']} attempts, E_L: "
+             f"{summary['evaluator']}, strict {summary['strict']}, critical guard "
+             f"{summary['critical_guard']}, ensemble n {summary['ensemble_n']}.", "",
+             "| policy | attempts | tokens / question | saved vs hard cap | blind quality | "
+             "scored | failed | vs baseline (p, Holm) |", "|---|---|---|---|---|---|---|---|"]
+    for name, row in summary["policies"].items():
+        test = summary["tests"].get(f"{name} vs {summary['baseline']}")
+        cell = "baseline" if name == summary["baseline"] else _test_cell(test)
+        lines.append(f"| {name} | {row['attempts_mean']:.2f} | {row['tokens_mean']:.0f} | "
+                     f"{_pct(row['tokens_saved_vs_hard_cap'])} | {_num(row['blind_mean'])} | "
+                     f"{row['blind_scored']} | {row['blind_failed']} | {cell} |")
+    c = summary["counts"]
+    lines += ["", f"Attempts {c['attempts']}, accepted {c['accepted']}, rejected by rule "
+              f"{c['rejections_by_rule']}, E_L evaluations failed {c['evaluation_failed']}, "
+              f"vote sets failed {c['votes_failed']} (votes re-asked {c['votes_reasked']})."]
+    if "calibration" in summary:
+        cal = summary["calibration"]
+        lines.append(f"Votes calibrated by EM: rho0 {cal['rho0']:.3f}, rho1 {cal['rho1']:.3f}, "
+                     f"J {cal['J']:.3f} -> {cal['recommended']} (J_min {cal['j_min']}).")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _test_cell(test: dict | None) -> str:
+    if not test:
+        return "-"
+    if test["p"] is None:
+        return f"n={test['n']}, no test ({test['note']})"
+    return f"diff {test['mean_diff']:+.3f}, p {test['p']:.3f}, Holm {test['p_holm']:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def plot(path: Path, summary: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, row in summary["policies"].items():
+        if row["blind_mean"] is None:
+            continue
+        ax.scatter(row["tokens_mean"], row["blind_mean"])
+        ax.annotate(name, (row["tokens_mean"], row["blind_mean"]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("tokens per question (generation + evaluation + votes)")
+    ax.set_ylabel("blind outcome score (E_B, 0-1)")
+    ax.set_title("Refinement policies: quality vs tokens (shared trajectories)")
+    fig.text(0.01, 0.01, "bundled 135M model: mechanical numbers", fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
