@@ -46,7 +46,18 @@ class System:
     adapter: str | None = None
 
 
+def round_runs(run: RunDir) -> list[RunDir]:
+    """The run directories that trained DIR's policy: its rounds in order (`rounds/<r>/`, a
+    multi-round run), else DIR itself. The last one holds the final adapter."""
+    folder = run.file("rounds")
+    rounds = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
+                    key=lambda p: int(p.name)) if folder.is_dir() else []
+    return [RunDir(p) for p in rounds] or [run]
+
+
 def adapter_of(run: RunDir) -> str:
+    """The trained adapter of DIR (of its last round in a multi-round run)."""
+    run = round_runs(run)[-1]
     folder = run.file("train") / "adapter"
     if not (folder / "adapter_config.json").is_file():
         raise InputError(f"{run.path} holds no trained adapter ({folder} is missing). Run "
@@ -79,14 +90,15 @@ def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list
 
 
 def check_unseen(held: list[Prompt], run: RunDir) -> None:
-    """Refuse held-out prompts that the run generated samples (and so pairs) for."""
-    seen = {r["prompt"] for r in read_keyed(run.samples)}
-    leaked = [q.id for q in held if q.text in seen]
-    if leaked:
-        raise InputError(
-            f"held-out prompt(s) {leaked[:3]} have samples in {run.samples}, so training saw "
-            "them; evaluate on prompts that run never used."
-        )
+    """Refuse held-out prompts that the run (any of its rounds) generated samples for."""
+    for r in round_runs(run):
+        seen = {rec["prompt"] for rec in read_keyed(r.samples)}
+        leaked = [q.id for q in held if q.text in seen]
+        if leaked:
+            raise InputError(
+                f"held-out prompt(s) {leaked[:3]} have samples in {r.samples}, so training saw "
+                "them; evaluate on prompts that run never used."
+            )
 
 
 def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
