@@ -29,7 +29,9 @@ STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
     "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
     "train": (("lora", "dpo", "wandb"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
-    "report": (("scoring", "pairs", "wandb"), ("judgements.jsonl", "scores.jsonl", *_STATS),
+    "report": (("scoring", "pairs", "wandb"),
+               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json",
+                "train/log_history.json", *_STATS),
                ("report.json", "report.md", "report.html")),
 }
 

@@ -26,8 +26,8 @@ from data_gen.stages import (
 )
 from wim.backends import Backend, TransformersBackend, open_backend
 from wim.config import Config
+from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
-from wim.prompts import load_prompts
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,18 @@ class Resources:
         self._policy: Backend | None = None
         self._judge: BackendJudge | None = None
         self._prompts = None
+        self._held_out = None
 
     def prompts(self):
+        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py)."""
         if self._prompts is None:
             p = self.cfg.prompts
-            self._prompts = load_prompts(p.source, split=p.split, limit=p.limit)
+            self._prompts, self._held_out = load_split(p.source, p.split, p.limit, p.holdout)
         return self._prompts
+
+    def held_out(self):
+        self.prompts()
+        return self._held_out
 
     def policy(self) -> Backend:
         if self._policy is None:
@@ -120,7 +126,10 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
             prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
-            done = finished_stats(run, stage, fingerprint)
+            # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
+            # picks up files the fingerprint does not cover (rounds/, plots/ of other tools).
+            rebuild = stage == "report" and stages == ("report",)
+            done = None if rebuild else finished_stats(run, stage, fingerprint)
             if done is not None:
                 logger.info("stage %s: config and inputs unchanged since it finished; skipped",
                             stage)
@@ -143,6 +152,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
 def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shard | None,
                progress: bool, fingerprint: str) -> dict[str, Any]:
     if stage == "generate":
+        write_split(run.path, res.prompts(), res.held_out())
         return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
     if stage == "judge":
         return judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -63,6 +64,13 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     assert report["judge/echoed_rubric_any_attempt"] == echoed
     assert f"; {echoed} (" in markdown
     assert "all-minilm-l6-v2" in markdown
+    # report.html is one page holding every plot (the DPO per-step plot among them).
+    page = (finished_run / "report.html").read_text()
+    plots = sorted((finished_run / "plots").glob("*.png"))
+    assert {p.name for p in plots} >= {"score_hist.png", "rounds.png", "train.png"}
+    for plot in plots:
+        assert base64.b64encode(plot.read_bytes()).decode() in page, plot.name
+    assert "Read this first." in page and 'id="wim-data"' in page
 
 
 @pytest.mark.slow

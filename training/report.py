@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from typing import Any
 
+from training.report_sections import collect_rounds, evaluation_lines, md_cell, rounds_lines
+from training.report_sections import fmt as _fmt
 from wim.config import Config
-from wim.metrics import domain_name, judge_statistics, pair_statistics, system_values
-from wim.records import read_keyed
+from wim.metrics import domain_name, judge_statistics, pair_statistics
+from wim.records import RecordsError, read_keyed
 from wim.rundir import RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
@@ -44,36 +45,51 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["judge/prompt"] = cfg.judge.prompt
     report["score/on_parse_failure"] = cfg.judge.on_parse_failure
     report["score/zeta"] = cfg.scoring.zeta
+    rounds = collect_rounds(cfg, run, report.get("rounds"))
+    if rounds:
+        report["rounds"] = rounds
     return report
 
 
 def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
+    """Rebuild report.json, plots/*.png, report.md and report.html from the run directory."""
+    from training.plots import make_plots
+    from training.report_browser import browser_entries
+    from training.report_html import render_html
+
     report = collect_metrics(cfg, run)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
     run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
-    plots = _plot_histograms(cfg, run)
-    markdown = render_markdown(clean, cfg, plots)
+    evaluation = read_evaluation(run)
+    plots = make_plots(cfg, run, clean, evaluation)
+    markdown = render_markdown(clean, cfg, plots, evaluation)
     run.file("report.md").write_text(markdown)
-    run.file("report.html").write_text(_html(markdown, plots))
+    entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
+    run.file("report.html").write_text(
+        render_html(markdown, run.path, entries, small_judge=is_small_judge(clean)))
     if cfg.wandb.enabled:
         _log_wandb(cfg, clean)
     return clean
 
 
-def md_cell(text: Any) -> str:
-    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
-    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
-    text = " ".join(str(text).split())
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+def is_small_judge(r: dict[str, Any]) -> bool:
+    return r.get("judge/model") in SMALL_JUDGES
 
 
-def _fmt(value: Any, pct: bool = False) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
-    return str(value)
+def read_evaluation(run: RunDir) -> dict[str, Any] | None:
+    """DIR/eval.json (written by `wim eval`), checked for the keys the report reads."""
+    path = run.file("eval.json")
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim eval` again.") from None
+    comparisons = data.get("comparisons") if isinstance(data, dict) else None
+    if not isinstance(comparisons, list) or not all(isinstance(c, dict) for c in comparisons):
+        raise RecordsError(f"{path}: expected an object with a 'comparisons' list of objects; "
+                           "run `wim eval` again.")
+    return data
 
 
 def _summary_lines(r: dict[str, Any]) -> list[str]:
@@ -86,7 +102,7 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"embedder `{r['score/embedder']}`.",
         "",
     ]
-    if r["judge/model"] in SMALL_JUDGES:
+    if is_small_judge(r):
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     return lines + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
@@ -111,7 +127,9 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
+def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]],
+                    evaluation: dict[str, Any] | None = None) -> str:
+    """The report as markdown; `plots` are (file, caption) pairs; `evaluation` is eval.json."""
     systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
                ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
     systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
@@ -159,8 +177,12 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[str]) -> str:
                   f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
                   f"{_fmt(r.get('train/loss_first'))} -> {_fmt(r.get('train/loss_last'))}; "
                   f"LoRA weight change (L2) {_fmt(r.get('train/lora_delta_norm'))}."]
-    for plot in plots:
-        lines += ["", f"![{plot}]({plot})"]
+    lines += rounds_lines(r.get("rounds"))
+    lines += evaluation_lines(evaluation)
+    if plots:
+        lines += ["", "## Plots"]
+    for path, caption in plots:
+        lines += ["", f"![{md_cell(caption)}]({path})"]
     return "\n".join(lines) + "\n"
 
 
@@ -171,36 +193,6 @@ def _failure_sentence(r: dict[str, Any]) -> str:
             f"{r.get('score/fallback_rating', 0)} with an unparseable rating counted as "
             f"rating_norm 0, {r.get('score/fallback_critique', 0)} without a critique scored by "
             "the rating alone. ")
-
-
-def _plot_histograms(cfg: Config, run: RunDir) -> list[str]:
-    scores = [r for r in read_keyed(run.scores) if r.get("rating_norm") is not None]
-    if not scores:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    values = [system_values(r, cfg.scoring.zeta, []) for r in scores]
-    systems = [s for s in ("numeric", "wim", "mixed") if any(s in v for v in values)]
-    fig, axes = plt.subplots(1, len(systems), figsize=(4 * len(systems), 3), squeeze=False)
-    for ax, s in zip(axes[0], systems, strict=True):
-        ax.hist([v[s] for v in values if s in v], bins=40, range=(0, 10), color="tab:blue")
-        ax.set_title(s if s != "mixed" else f"mixed (zeta={cfg.scoring.zeta:g})")
-        ax.set_xlabel("score on the 1-10 scale")
-    axes[0][0].set_ylabel("samples")
-    fig.tight_layout()
-    (run.file("plots")).mkdir(exist_ok=True)
-    fig.savefig(run.file("plots") / "score_hist.png", dpi=100)
-    plt.close(fig)
-    return ["plots/score_hist.png"]
-
-
-def _html(markdown: str, plots: list[str]) -> str:
-    images = "".join(f'<img src="{p}" alt="{p}">' for p in plots)
-    return (f"<!doctype html><meta charset='utf-8'><title>WIM run report</title>"
-            f"<pre style='white-space:pre-wrap'>{html.escape(markdown)}</pre>{images}\n")
 
 
 def _log_wandb(cfg: Config, report: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ the judge, the scores or the config, so the training signal cannot game it.
 
 - `pairwise`: each pair is judged in both orders (A/B, then B/A) to cancel position bias; a
   winner counts only when both orders name the same answer, anything else that parsed is a tie.
+  Two identical answers are a tie without a call (both orders would be the same prompt).
 - `pointwise`: one 1-10 score per answer, mapped to [0, 1].
 
 A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries` times, then
@@ -14,7 +15,8 @@ recorded as a failure with its reason and the raw texts: never a win for either 
 neutral score. A backend failure is a failure too (`failure` starts with "backend failed").
 Local backends are walked through the format as the judge is: the assistant turn is prefilled
 with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is forced after
-one line (wim/backends/guided.py); the value itself is the model's, and the parser checks it.
+one line and the value is restricted to the valid choices (A, B, tie; 1..10) by guided
+decoding (wim/backends/guided.py): the model's most likely valid choice, still parsed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ EMPTY_ANSWER = "(empty answer)"
 _VERDICT = re.compile(r"(?i:verdict)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)"
                       r"(?:[ \t]+(?P<w>\w+))?")
 _SCORE = re.compile(r"(?i:score)[\s*_\"']*[:=\-][\s*_\"'\[(]*(?P<v>[^\s*_\"'\])]*)")
+# The values a local guided backend may write after each label.
+_CHOICES = {"Verdict:": ("A", "B", "tie"), "Score:": tuple(str(n) for n in range(1, 11))}
 _TIE_WORDS = {"tie", "tied", "equal", "draw", "same", "both", "neither"}
 
 
@@ -145,15 +149,19 @@ class BlindEvaluator:
         """One verdict per question: is answer a or b better? Both orders are asked."""
         if not len(questions) == len(answers_a) == len(answers_b):
             raise ValueError("pairwise needs as many answers_a and answers_b as questions")
-        convs = [build_pair_messages(q, a, b)
-                 for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
-        convs += [build_pair_messages(q, b, a)
-                  for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
+        # Identical answers tie without asking: both orders would be the same prompt.
+        ask = [i for i, (a, b) in enumerate(zip(answers_a, answers_b, strict=True))
+               if a.strip() != b.strip()]
+        convs = [build_pair_messages(questions[i], answers_a[i], answers_b[i]) for i in ask]
+        convs += [build_pair_messages(questions[i], answers_b[i], answers_a[i]) for i in ask]
         results = self._ask_all(convs, VERDICT_LABEL, parse_verdict)
-        n = len(questions)
+        n, slot = len(ask), {i: k for k, i in enumerate(ask)}
         out = []
-        for i in range(n):
-            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[i], results[n + i]
+        for i in range(len(questions)):
+            if i not in slot:
+                out.append(PairVerdict("tie", None, [], 0))
+                continue
+            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[slot[i]], results[n + slot[i]]
             failure = None
             if f1 or f2:
                 failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)
@@ -205,7 +213,8 @@ class BlindEvaluator:
             return []
         b = self.backend
         if b.supports_prefill and b.supports_guide:
-            params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label)
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label,
+                                    guide_choices=_CHOICES[label])
             outs = self._generate(convs, params, seed, REASON_PREFILL)
             return [(REASON_PREFILL + o.text, _error(o), _tokens(o)) for o in outs]
         if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it

@@ -49,8 +49,35 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", required=True, help="merged run directory")
     merge.add_argument("--allow-partial", action="store_true",
                        help="merge even when some shards of the split are missing")
+    _add_eval_parsers(sub)
     add_refine_parsers(sub)
     return parser
+
+
+def _add_eval_parsers(sub) -> None:
+    """`wim eval`, `wim compare`, `wim validity` (training/commands.py)."""
+    sets = dict(dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                help="override a config field, e.g. blind.mode=pointwise")
+    ev = sub.add_parser("eval", help="blind evaluation of a run's trained policy against its "
+                        "base on held-out prompts (eval.json)")
+    ev.add_argument("run", help="run directory with a trained adapter (train/adapter)")
+    ev.add_argument("--against", action="append", default=[], metavar="DIR",
+                    help="also compare with the trained policy of this run (repeatable)")
+    ev.add_argument("--limit", type=int, help="evaluate at most this many held-out prompts")
+    compare = sub.add_parser("compare", help="train numeric, WIM, mixed and random-preference "
+                             "arms from one judging pass and compare them blind")
+    compare.add_argument("config", help="experiment YAML (e.g. configs/quickstart.yaml)")
+    compare.add_argument("--out", required=True, help="output folder (arms/, compare.json)")
+    validity = sub.add_parser("validity", help="scorer validity: how often each scoring system "
+                              "ranks the better answer of gold pairs first")
+    validity.add_argument("config", help="experiment YAML (its judge and scoring sections)")
+    validity.add_argument("--gold", help="jsonl/csv with prompt, chosen, rejected (default: "
+                          "the bundled gold set)")
+    validity.add_argument("--limit", type=int, help="use only the first N gold pairs")
+    validity.add_argument("--out", help="folder for validity.json and validity.md")
+    for p in (ev, compare, validity):
+        p.add_argument("--set", **sets)
+        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def add_refine_parsers(sub) -> None:
@@ -174,6 +201,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                                  allow_partial=args.allow_partial)
         print(json.dumps(summary, indent=2))
         return 0
+
+    if args.command in ("eval", "compare", "validity"):
+        from training import commands
+
+        return getattr(commands, f"{args.command}_command")(args)
 
     from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
     from data_gen.stages import Shard

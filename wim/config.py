@@ -236,6 +236,8 @@ class EvalConfig:
     """Resamples of the paired bootstrap interval."""
     compare_zetas: list[float] = field(default_factory=lambda: [0.4])
     """`wim compare`: the mixed arms' zetas (numeric 0, WIM 1 and a random control always run)."""
+    compare_holdout: int = 8
+    """`wim compare`: prompts held out for its evaluation when prompts.holdout is 0."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ _CHOICES = {
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
              "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
              "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
-             "blind.max_new_tokens", "eval.bootstrap_resamples")
+             "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout")
 
 
 def _get(cfg, key: str) -> Any:

@@ -122,6 +122,14 @@ def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(re
 def test_position_bias_becomes_a_tie(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
     assert verdicts[0].winner == "tie" and verdicts[0].failure is None
+    assert len(recorder.requests) == 2
+
+
+def test_identical_answers_tie_without_a_call(recorder):
+    verdicts = _evaluator(recorder.url).pairwise(["Q?", "R?"], ["same ", "x"], ["same", "GOOD"])
+    assert verdicts[0].winner == "tie" and verdicts[0].raw == [] and verdicts[0].tokens == 0
+    assert verdicts[1].winner == "b"
+    assert len(recorder.requests) == 2  # only the second pair, in both orders
 
 
 def test_pointwise(recorder):
@@ -172,12 +180,15 @@ def test_bundled_local_evaluator_gives_verdicts_or_counted_failures():
     qs = ["What is the capital of France?", "How many legs does a spider have?"]
     verdicts = ev.pairwise(qs, ["Paris.", "Eight."], ["I like turtles.", "Six."])
     for v in verdicts:
-        assert (v.winner in ("a", "b", "tie")) != (v.failure is not None)
-        assert v.raw and all(r.startswith("Reason:") for r in v.raw) and v.tokens > 0
+        # Guided decoding restricts the value to A, B or tie, so every verdict parses.
+        assert v.winner in ("a", "b", "tie") and v.failure is None, v.raw
+        assert len(v.raw) == 2 and all(r.startswith("Reason:") for r in v.raw) and v.tokens > 0
+        assert all(re.search(r"\nVerdict: (A|B|tie)$", r) for r in v.raw), v.raw
     allowed = {str(build_pair_messages(q, x, y)) for q, x, y in
                [(qs[0], "Paris.", "I like turtles."), (qs[0], "I like turtles.", "Paris."),
                 (qs[1], "Eight.", "Six."), (qs[1], "Six.", "Eight.")]}
     assert sent and all(str(c) in allowed for c in sent)
     points = ev.pointwise(qs, ["Paris.", "Eight."])
     for p in points:
-        assert (p.score is not None and 0 <= p.score <= 1) != (p.failure is not None)
+        assert p.failure is None and 0 <= p.score <= 1, p.raw
+        assert re.search(r"\nScore: ([1-9]|10)$", p.raw[0]), p.raw

@@ -30,6 +30,9 @@ class SamplingParams:
     guide_label: str | None = None
     """Judge format guide (backends with `supports_guide`): after one line of critique, force
     this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
+    guide_choices: tuple[str, ...] = ()
+    """With `guide_label`: the value after the label must be one of these strings (with or
+    without a leading space); the model picks among them. Empty: any value (the parser checks)."""
 
 
 def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:

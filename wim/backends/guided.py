@@ -5,6 +5,10 @@ one line of critique, then forces the tokens of "Rating:" and allows a few free 
 number. Without it, the rating would need a second call that re-reads the whole prompt, and on
 a CPU reading the prompt costs more than writing the answer. The guide only decides *where*
 the rating goes; the number itself is the model's, and the parser still checks it.
+
+With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings
+(a token trie): the model's most likely valid choice is taken, the rest of the vocabulary is
+masked.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ class _Row:
     forced: list[int] = field(default_factory=list)
     count: int = 0  # tokens written in the current phase
     seen_text: bool = False
+    value: list[int] = field(default_factory=list)  # tokens of the value (phase 2)
 
 
 class FormatGuide(LogitsProcessor):
     """A logits processor; `stopper()` is the matching per-row stopping criterion."""
 
     def __init__(self, tokenizer, prompt_len: int, batch: int, label: str = "Rating:",
-                 max_critique_tokens: int = 40, max_value_tokens: int = 3) -> None:
+                 max_critique_tokens: int = 40, max_value_tokens: int = 3,
+                 choices: tuple[str, ...] = ()) -> None:
         self.prompt_len = prompt_len
         self.label_ids = tokenizer.encode(label, add_special_tokens=False)
         self.newline_label_ids = tokenizer.encode("\n" + label, add_special_tokens=False)
@@ -37,6 +43,22 @@ class FormatGuide(LogitsProcessor):
         self.newline_ids, self.text_ids = _token_classes(tokenizer)
         self.newline_list = sorted(self.newline_ids)
         self.rows = [_Row() for _ in range(batch)]
+        self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
+                        for c in choices for prefix in ("", " ")]
+        if self.choices:
+            self.max_value_tokens = max(len(c) for c in self.choices) + 1
+
+    def _allowed(self, value: list[int]) -> list[int]:
+        """Tokens that continue `value` towards a choice (+ a newline once one is complete)."""
+        n = len(value)
+        nxt = {c[n] for c in self.choices if len(c) > n and c[:n] == value}
+        if value in self.choices:
+            nxt.add(self.newline_list[0])
+        return sorted(nxt)
+
+    def _value_done(self, value: list[int]) -> bool:
+        return bool(self.choices) and value in self.choices and not any(
+            len(c) > len(value) and c[:len(value)] == value for c in self.choices)
 
     def stopper(self) -> StoppingCriteria:
         guide = self
@@ -61,7 +83,9 @@ class FormatGuide(LogitsProcessor):
                 row.phase, row.count = 2, 0
         elif row.phase == 2:
             row.count += 1
-            if token in self.newline_ids or token == self.eos or row.count >= self.max_value_tokens:
+            row.value.append(token)
+            if (token in self.newline_ids or token == self.eos
+                    or row.count >= self.max_value_tokens or self._value_done(row.value)):
                 row.phase = 3
 
     def __call__(self, input_ids, scores):
@@ -74,6 +98,13 @@ class FormatGuide(LogitsProcessor):
                 # 0, not the model's logit: a top-p filter before us may have set it to -inf.
                 scores[i, :] = float("-inf")
                 scores[i, row.forced[0]] = 0.0
+            elif row.phase == 2 and self.choices:
+                allowed = self._allowed(row.value)
+                kept = scores[i, allowed].clone()
+                if torch.isinf(kept).all():  # a filter before us masked them all
+                    kept.zero_()
+                scores[i, :] = float("-inf")
+                scores[i, allowed] = kept
             elif row.phase == 0 and self.eos is not None:
                 # The critique may not end the turn: the rating has to follow it.
                 scores[i, self.eos] = float("-inf")
@@ -89,7 +120,8 @@ class FormatGuide(LogitsProcessor):
                 # The last token has not been seen by __call__ yet; peek at it.
                 token = int(input_ids[i, -1])
                 finished = (token in self.newline_ids or token == self.eos
-                            or row.count + 1 >= self.max_value_tokens)
+                            or row.count + 1 >= self.max_value_tokens
+                            or self._value_done([*row.value, token]))
                 rows.append(finished and input_ids.shape[1] - self.prompt_len > 0)
             else:
                 rows.append(row.phase == 3)

@@ -113,7 +113,8 @@ class TransformersBackend(Backend):
 
             guide = FormatGuide(self.tokenizer, enc.input_ids.shape[1], len(texts) * n,
                                 label=params.guide_label,
-                                max_critique_tokens=max(1, params.max_new_tokens - 6))
+                                max_critique_tokens=max(1, params.max_new_tokens - 6),
+                                choices=params.guide_choices)
             kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
         adapter_off = adapters_off(self.model) if self.without_adapter else contextlib.nullcontext()
         with torch.inference_mode(), adapter_off:

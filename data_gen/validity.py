@@ -1,0 +1,226 @@
+"""`wim validity CONFIG`: scorer validity on gold preference pairs, in the manner of RewardBench.
+
+Each gold pair holds a prompt, a `chosen` answer known to be better and a `rejected` one. The
+configured judge judges both answers once (the run's judge: role, model, prompt, retries), the
+embedder scores them, and every scoring system ranks the pair: numeric (zeta 0), WIM (zeta 1)
+and the mix at each zeta of `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`.
+Per system: accuracy (chosen ranked first; a tie counts as half), the share of ties, the
+strict accuracy (ties count as wrong), a Wilson 95% interval, and per-domain accuracy. A pair
+whose judgement failed for a system is counted as a failure, not as right or wrong. As a
+reference, "longer answer" ranks by length alone. Fewer ties only help if the winner is right.
+
+Gold sources: the bundled set (wim/data/gold_pairs.jsonl, 48 pairs written for this project, 6
+in each of the 8 domains of the bundled prompts), or any .jsonl/.json/.csv with prompt, chosen
+and rejected (strings, or chat messages as in TRL's preference format), optional id, domain.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from wim.config import Config
+from wim.errors import InputError
+from wim.metrics import system_values
+from wim.scoring import is_tie
+from wim.statistics import MECHANICAL_WARNING, is_bundled, wilson_interval
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_GOLD = "bundled"
+_FIELDS = ("prompt", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class GoldPair:
+    id: str
+    domain: str
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def _text(value, role: str, where: str, key: str) -> str:
+    """A string, or the last `role` message of a chat list (TRL's preference rows)."""
+    if isinstance(value, list):
+        texts = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == role]
+        value = texts[-1] if texts else None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: '{key}' must be a non-empty string or a list of chat "
+                         f"messages with a '{role}' message; got {str(value)[:60]!r}.")
+    return value
+
+
+def _pair(record, index: int, where: str) -> GoldPair:
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected an object with {', '.join(_FIELDS)}.")
+    missing = [k for k in _FIELDS if k not in record]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}; each gold pair needs "
+                         f"{', '.join(_FIELDS)} (and may have id, domain).")
+    return GoldPair(
+        id=str(record.get("id") or f"{index:05d}"), domain=str(record.get("domain") or ""),
+        prompt=_text(record["prompt"], "user", where, "prompt"),
+        chosen=_text(record["chosen"], "assistant", where, "chosen"),
+        rejected=_text(record["rejected"], "assistant", where, "rejected"))
+
+
+def load_gold(source: str | None = None, limit: int | None = None) -> list[GoldPair]:
+    """Gold pairs from the bundled set (None or "bundled") or a .jsonl/.json/.csv file."""
+    if source in (None, BUNDLED_GOLD):
+        text = resources.files("wim").joinpath("data", "gold_pairs.jsonl").read_text()
+        path = Path("wim/data/gold_pairs.jsonl")
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise InputError(f"gold file '{path}' does not exist; give a .jsonl or .csv with "
+                             "prompt, chosen, rejected, or leave --gold out for the bundled set.")
+        text = path.read_text(encoding="utf-8")
+    pairs = []
+    if path.suffix.lower() == ".csv":
+        for i, row in enumerate(csv.DictReader(text.splitlines())):
+            pairs.append(_pair(row, i, f"{path}: row {i + 2}"))
+    else:
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise InputError(f"{path}: line {n} is not valid JSON ({err}).") from None
+            pairs.append(_pair(record, len(pairs), f"{path}: line {n}"))
+    if not pairs:
+        raise InputError(f"{path} holds no gold pairs.")
+    return pairs[:limit] if limit else pairs
+
+
+def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> list[dict]:
+    """Judgement records (sample_idx 0 = chosen, 1 = rejected), scored at every zeta."""
+    from data_gen.pipeline import Resources
+    from wim.embedders import Embedder
+    from wim.scoring import score_judgements
+
+    res = Resources(cfg)
+    try:
+        judge = res.judge()
+        items = [(p.prompt, text) for p in pairs for text in (p.chosen, p.rejected)]
+        fits = judge.fit(items, cfg.judge.overlong, cfg.judge.max_input_tokens)
+        records = []
+        size = cfg.judge.batch_size
+        for start in tqdm(range(0, len(items), size), desc="judge gold", unit="batch",
+                          disable=not progress):
+            batch = [(i, item) for i, (item, _) in enumerate(fits[start:start + size], start)
+                     if item is not None]
+            results = judge.judge([item for _, item in batch], seed=cfg.seed + start)
+            for (i, _), j in zip(batch, results, strict=True):
+                records.append({"prompt_id": pairs[i // 2].id, "sample_idx": i % 2,
+                                "response": items[i][1], "critique": j.critique,
+                                "rating": j.rating, "parse_ok": j.parse_ok and not
+                                j.backend_failed, "raw_judge_text": j.raw})
+    finally:
+        res.close()
+    embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size) if cfg.judge.mode == "wim" \
+        else None
+    zeta = cfg.scoring.zeta if cfg.judge.mode == "wim" else 0.0
+    return score_judgements(records, embedder, zeta, cfg.judge.on_parse_failure)
+
+
+def _zetas(cfg: Config) -> list[float]:
+    zs = {*cfg.scoring.report_zetas, cfg.scoring.zeta, *cfg.eval.compare_zetas}
+    return sorted(z for z in zs if 0.0 < z < 1.0)
+
+
+def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> dict:
+    """Per system: accuracy, tie share, strict accuracy, Wilson interval, per domain."""
+    zetas = _zetas(cfg)
+    values = {(r["prompt_id"], r["sample_idx"]): system_values(r, cfg.scoring.zeta, zetas)
+              for r in scored}
+    systems = ["numeric", "wim", *[f"zeta={z:g}" for z in zetas]]
+    out = {}
+    for s in systems:
+        counts = {"right": 0, "wrong": 0, "tie": 0, "failures": 0}
+        domains: dict[str, list[float]] = {}
+        for p in pairs:
+            a, b = values.get((p.id, 0), {}).get(s), values.get((p.id, 1), {}).get(s)
+            if a is None or b is None:
+                counts["failures"] += 1
+                continue
+            kind = "tie" if is_tie(a - b, cfg.pairs.tie_tolerance) else (
+                "right" if a > b else "wrong")
+            counts[kind] += 1
+            domains.setdefault(p.domain, []).append({"right": 1.0, "tie": 0.5}.get(kind, 0.0))
+        out[s] = _row(counts, domains)
+    lengths = {"right": 0, "wrong": 0, "tie": 0, "failures": 0}
+    for p in pairs:
+        d = len(p.chosen) - len(p.rejected)
+        lengths["right" if d > 0 else "wrong" if d < 0 else "tie"] += 1
+    out["longer answer (reference)"] = _row(lengths, {})
+    return out
+
+
+def _row(c: dict[str, int], domains: dict[str, list[float]]) -> dict:
+    n = c["right"] + c["wrong"] + c["tie"]
+    return {
+        "n": n + c["failures"], "right": c["right"], "wrong": c["wrong"], "ties": c["tie"],
+        "failures": c["failures"],
+        "accuracy": (c["right"] + 0.5 * c["tie"]) / n if n else None,
+        "strict_accuracy": c["right"] / n if n else None,
+        "tie_share": c["tie"] / n if n else None,
+        "wilson_95": wilson_interval(c["right"], c["wrong"], c["tie"]),
+        "by_domain": {d: sum(v) / len(v) for d, v in sorted(domains.items())},
+    }
+
+
+def scorer_validity(cfg: Config, gold: str | None = None, limit: int | None = None,
+                    out: Path | None = None, progress: bool = True) -> dict:
+    pairs = load_gold(gold, limit)
+    scored = judge_gold(cfg, pairs, progress)
+    judge_model = cfg.judge.model if cfg.judge.role == "external" else cfg.policy.model
+    report = {
+        "gold": gold or BUNDLED_GOLD, "pairs": len(pairs),
+        "judge": {"role": cfg.judge.role, "model": judge_model, "mode": cfg.judge.mode,
+                  "embedder": cfg.scoring.embedder},
+        "mechanical_warning": MECHANICAL_WARNING if is_bundled(judge_model) else None,
+        "judge_parse_failed": sum(not r["parse_ok"] for r in scored),
+        "systems": validity_table(cfg, pairs, scored),
+    }
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validity.json").write_text(json.dumps(report, indent=2))
+        (out / "validity.md").write_text(validity_markdown(report))
+        (out / "validity_judgements.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in scored))
+    return report
+
+
+def validity_markdown(report: dict) -> str:
+    j = report["judge"]
+    lines = ["# Scorer validity on gold pairs", ""]
+    if report.get("mechanical_warning"):
+        lines += [f"> **{report['mechanical_warning']}**", ""]
+    lines += [f"Gold: {report['gold']} ({report['pairs']} pairs). Judge: `{j['model']}` "
+              f"({j['role']}, {j['mode']}), embedder `{j['embedder']}`. Accuracy: how often a "
+              "system scores the better answer higher (a tie counts as half; strict: as "
+              "wrong). Failures (a judgement that did not parse) are left out and counted.", "",
+              "| system | n | right | wrong | ties | failures | accuracy | Wilson 95% | tie share "
+              "| strict accuracy |", "|" + "---|" * 10]
+    for name, r in report["systems"].items():
+        cells = [name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"],
+                 _f(r["accuracy"]), _f(r["wilson_95"]), _f(r["tie_share"]),
+                 _f(r["strict_accuracy"])]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, list):
+        return "[" + ", ".join(f"{v:.3f}" for v in x) + "]"
+    return f"{x:.3f}"

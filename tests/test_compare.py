@@ -1,0 +1,85 @@
+"""`wim compare`: numeric, WIM, mixed and random arms from one generation and one judging pass,
+trained with the same seed and steps, evaluated blind against the base and each other."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import QUICKSTART, SHRUNK, run_wim, sets
+
+from wim.records import read_keyed, read_records
+
+ARMS = ["numeric", "wim", "mixed-0.4", "random"]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_compare_on_the_quickstart_config(tmp_path: Path):
+    out = tmp_path / "compare"
+    proc = run_wim(["compare", str(QUICKSTART), "--out", str(out), "--no-progress",
+                    *sets([*SHRUNK, "generation.k=3", "eval.limit=2", "eval.compare_holdout=4",
+                           "eval.max_new_tokens=12", "blind.max_new_tokens=12",
+                           "blind.max_retries=1"])])
+    assert "mechanical" in proc.stdout
+    report = json.loads((out / "compare.json").read_text())
+    assert "not evidence for or against WIM" in report["mechanical_warning"]
+    arms = {a["name"]: a for a in report["arms"]}
+    assert list(arms) == ARMS
+    assert [arms[a]["zeta"] for a in ARMS] == [0.0, 1.0, 0.4, None]
+
+    # One generation and one judging pass: every arm holds the shared files, byte for byte,
+    # and the arms' configs differ in scoring.zeta only.
+    shared = out / "shared"
+    configs = {}
+    for name in ARMS:
+        for file in ("samples.jsonl", "judgements.jsonl"):
+            assert _sha(out / "arms" / name / file) == _sha(shared / file)
+        cfg = yaml.safe_load((out / "arms" / name / "resolved_config.yaml").read_text())["config"]
+        configs[name] = cfg
+    base = configs["wim"]
+    for cfg in configs.values():
+        assert {k for k in cfg if cfg[k] != base[k]} <= {"scoring"}
+        assert {k for k in cfg["scoring"] if cfg["scoring"][k] != base["scoring"][k]} <= {"zeta"}
+    held = json.loads((shared / "split.json").read_text())["holdout"]
+    assert len(held) == 4
+    assert not {r["prompt_id"] for r in read_keyed(shared / "samples.jsonl")} & set(held)
+
+    # The random control: the WIM arm's pairs, each flipped or not by a seeded coin.
+    wim_pairs = read_records(out / "arms" / "wim" / "pairs.jsonl")
+    random_pairs = read_records(out / "arms" / "random" / "pairs.jsonl")
+    assert [p["prompt_id"] for p in random_pairs] == [p["prompt_id"] for p in wim_pairs]
+    for w, r in zip(wim_pairs, random_pairs, strict=True):
+        assert r["random_control"] is True
+        assert (r["chosen"], r["rejected"]) == ((w["rejected"], w["chosen"]) if r["flipped"]
+                                                else (w["chosen"], w["rejected"]))
+
+    trained = [a for a in ARMS if arms[a]["trained"]]
+    assert trained  # with 3 samples per prompt some arm has pairs
+    judge_tokens = sum(j["prompt_tokens"] + j["completion_tokens"]
+                       for j in read_keyed(shared / "judgements.jsonl"))
+    for name in trained:
+        a = arms[name]
+        assert a["pairs_kept"] == len(read_records(out / "arms" / name / "pairs.jsonl")) > 0
+        assert a["usable_pairs_per_1k_judge_tokens"] == pytest.approx(
+            a["pairs_kept"] / judge_tokens * 1000)
+        assert a["train_steps"] == 2 and a["loss_last"] is not None
+        assert a["vs_base"]["p_holm"] is not None
+    # Every trained arm against the base and against every other trained arm, Holm over all.
+    expected = [f"{a} vs base" for a in trained]
+    expected += [f"{a} vs {b}" for a, b in itertools.combinations(trained, 2)]
+    assert [c["name"] for c in report["comparisons"]] == expected
+    for c in report["comparisons"]:
+        assert c["n"] == 2 and c["wins"] + c["losses"] + c["ties"] + c["failures"] == 2
+        assert c["p_value"] <= c["p_holm"] <= 1
+    md = (out / "compare.md").read_text()
+    assert "mechanical" in md
+    for name in ARMS:
+        assert f"| {name} |" in md

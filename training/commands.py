@@ -1,0 +1,76 @@
+"""The `wim eval`, `wim compare` and `wim validity` commands (argument handling and output).
+
+wim/cli.py parses the arguments and calls these lazily, so `wim --help` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from wim.config import ConfigError, apply_overrides, config_from_dict, load_config
+from wim.rundir import RunDir
+
+
+def run_config(folder: Path, overrides: list[str]):
+    """A run directory's saved config with `--set` overrides (e.g. blind.mode=pointwise)."""
+    run = RunDir(folder)
+    meta = run.read_meta()
+    if meta is None:
+        raise ConfigError(f"{folder} holds no run (no resolved_config.yaml); give the folder "
+                          "of a finished `wim run`.")
+    return config_from_dict(apply_overrides(meta["config"], overrides),
+                            source=str(run.config_file))
+
+
+def eval_command(args) -> int:
+    from training.evaluate import evaluate_run
+
+    run = RunDir(Path(args.run))
+    cfg = run_config(run.path, args.overrides)
+    against = [RunDir(Path(d)) for d in args.against]
+    with run.lock("wim " + " ".join(sys.argv[1:])):
+        report = evaluate_run(cfg, run, against, limit=args.limit,
+                              progress=not args.no_progress)
+    return _print_eval(report, run.path / "eval.json")
+
+
+def _print_eval(report: dict, path: Path) -> int:
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    if report.get("mechanical_warning"):
+        print(f"note: {report['mechanical_warning']}")
+    keep = ("name", "n", "wins", "losses", "ties", "failures", "win_rate", "wilson_95",
+            "p_value", "p_holm", "lc_win_rate")
+    print(json.dumps([{k: c[k] for k in keep} for c in report["comparisons"]], indent=2))
+    if report.get("backend_failures"):
+        print(f"wim: incomplete: {report['backend_failures']} verdicts were lost to backend "
+              "failures (counted as failures, never as wins); run the same command again.",
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+def compare_command(args) -> int:
+    from data_gen.pipeline import StageIncomplete
+    from training.compare import compare_arms
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out)
+    with RunDir(out).lock("wim " + " ".join(sys.argv[1:])):
+        try:
+            report = compare_arms(cfg, out, progress=not args.no_progress)
+        except StageIncomplete as err:
+            print(f"wim: incomplete: {err}", file=sys.stderr)
+            return 3
+    return _print_eval(report, out / "compare.json")
+
+
+def validity_command(args) -> int:
+    from data_gen.validity import scorer_validity
+
+    cfg = load_config(args.config, args.overrides)
+    report = scorer_validity(cfg, args.gold, limit=args.limit, out=Path(args.out) if args.out
+                             else None, progress=not args.no_progress)
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,238 @@
+"""`wim compare CONFIG --out DIR`: numeric, WIM, mixed and random-preference arms, side by side.
+
+All arms share one generation and one judging pass (DIR/shared, a run directory); only scoring,
+pairing and training differ, with the same seed and step budget:
+- `numeric`: zeta 0 (the rating alone);
+- `wim`: zeta 1 (the critique similarity alone);
+- `mixed-<z>`: each zeta of `eval.compare_zetas` (0.4 by default);
+- `random`: the control: the WIM arm's pairs with chosen and rejected swapped by a seeded coin,
+  so the same texts carry no preference signal.
+Each arm is a run directory DIR/arms/<name> (score, pairs, train). Then every arm's policy and
+the base answer the held-out prompts, and the blind evaluator compares each arm with the base
+and with every other arm; Holm's correction runs over all of those comparisons at once.
+Written: DIR/compare.json, DIR/compare.md, DIR/eval/answers.jsonl, DIR/eval/verdicts.jsonl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+from training.evaluate import (
+    System,
+    adapter_of,
+    blind_comparisons,
+    comparison_table,
+    eval_report,
+    generate_answers,
+    held_out_prompts,
+)
+from wim.blind import open_blind_evaluator
+from wim.config import Config
+from wim.errors import InputError
+from wim.metrics import pair_statistics
+from wim.records import read_keyed, read_records, write_records_atomic
+from wim.rundir import RunDir
+
+logger = logging.getLogger(__name__)
+
+RANDOM_ARM = "random"
+_SHARED_FILES = ("samples.jsonl", "judgements.jsonl", "split.json", "stats/generate.json",
+                 "stats/judge.json")
+
+
+def arms_of(cfg: Config) -> list[tuple[str, float]]:
+    """(name, zeta) of every arm; the random arm scores with zeta 1 before its coin flips."""
+    arms = [("numeric", 0.0), ("wim", 1.0)]
+    arms += [(f"mixed-{z:g}", z) for z in cfg.eval.compare_zetas if z not in (0.0, 1.0)]
+    return [*arms, (RANDOM_ARM, 1.0)]
+
+
+def prepare_config(cfg: Config) -> Config:
+    """The config the arms share; held-out prompts are needed for the evaluation."""
+    if cfg.judge.mode != "wim":
+        raise InputError("wim compare needs judge.mode 'wim': the WIM and mixed arms score the "
+                         "critique, and a numeric judge writes none.")
+    if cfg.prompts.holdout == 0:
+        logger.info("prompts.holdout is 0; compare holds out eval.compare_holdout = %d prompts",
+                    cfg.eval.compare_holdout)
+        prompts = dataclasses.replace(cfg.prompts, holdout=cfg.eval.compare_holdout)
+        cfg = dataclasses.replace(cfg, prompts=prompts)
+    return cfg
+
+
+def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
+    from data_gen.pipeline import run_stages
+
+    cfg = prepare_config(cfg)
+    shared = RunDir(out / "shared")
+    with shared.lock("wim compare (shared generation and judging)"):
+        shared.claim(cfg)
+        run_stages(cfg, shared, ("generate", "judge"), progress=progress)
+        shared.save_config(cfg)
+    arm_runs, every_arm = {}, {}  # the trained arms; all of them
+    for name, zeta in arms_of(cfg):
+        logger.info("arm %s (zeta %g)", name, zeta)
+        arm_cfg = dataclasses.replace(cfg, scoring=dataclasses.replace(cfg.scoring, zeta=zeta))
+        run = RunDir(out / "arms" / name)
+        with run.lock(f"wim compare (arm {name})"):
+            if _train_arm(arm_cfg, run, shared, name, progress):
+                arm_runs[name] = (zeta, run)
+        every_arm[name] = (zeta, run)
+    if not arm_runs:
+        raise InputError("no arm had a single preference pair to train on; use more prompts or "
+                         "samples per prompt (prompts.limit, generation.k).")
+    report = _evaluate_arms(cfg, shared, arm_runs, progress)
+    report["arms"] = [arm_summary(cfg, name, zeta, run, shared, trained=name in arm_runs)
+                      for name, (zeta, run) in every_arm.items()]
+    _attach_wins(report)
+    (out / "compare.json").write_text(json.dumps(report, indent=2))
+    (out / "compare.md").write_text(compare_markdown(report))
+    return report
+
+
+def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
+               progress: bool) -> bool:
+    """Score, pair and train one arm on the shared records; False when it has no pairs."""
+    from data_gen.pipeline import run_stages
+
+    run.claim(arm_cfg)
+    _copy_shared(shared, run)
+    run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
+    if name == RANDOM_ARM:
+        randomize_pairs(run.pairs, arm_cfg.seed)
+        shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
+    trained = bool(read_records(run.pairs))
+    if trained:
+        run_stages(arm_cfg, run, ("train",), progress=progress)
+    else:  # reported as such; an arm without pairs has nothing to train or evaluate
+        logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
+    run.save_config(arm_cfg)
+    return trained
+
+
+def _copy_shared(shared: RunDir, run: RunDir) -> None:
+    for name in _SHARED_FILES:
+        source = shared.file(name)
+        if source.is_file():
+            run.file(name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, run.file(name))
+
+
+def randomize_pairs(path: Path, seed: int) -> None:
+    """Swap chosen and rejected of each pair with probability 1/2 (seeded); counted per row."""
+    rng = random.Random(seed * 7_919 + 13)
+    rows = []
+    for row in read_records(path):
+        flip = rng.random() < 0.5
+        if flip:
+            row = {**row, "chosen": row["rejected"], "rejected": row["chosen"],
+                   **{f"chosen_{k}": row.get(f"rejected_{k}") for k in _AUDIT},
+                   **{f"rejected_{k}": row.get(f"chosen_{k}") for k in _AUDIT}}
+        rows.append({**row, "random_control": True, "flipped": flip})
+    write_records_atomic(path, rows)
+
+
+_AUDIT = ("sample_idx", "critique", "rating", "similarity", "score")
+
+
+def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) -> dict:
+    prompts = held_out_prompts(cfg, shared, cfg.eval.limit)
+    names = list(arm_runs)
+    systems = [System(n, cfg.policy.model, adapter_of(run)) for n, (_, run) in arm_runs.items()]
+    systems.append(System("base", cfg.policy.model, None))
+    pairs = [(f"{n} vs base", n, "base") for n in names]
+    pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)]
+    answers = generate_answers(cfg, systems, prompts, progress)
+    evaluator = open_blind_evaluator(cfg.blind)
+    try:
+        outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
+    finally:
+        evaluator.close()
+    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    folder = shared.path.parent / "eval"
+    folder.mkdir(exist_ok=True)
+    for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
+                       ("verdicts", records)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return report
+
+
+def arm_summary(cfg: Config, name: str, zeta: float, run: RunDir, shared: RunDir,
+                trained: bool = True) -> dict:
+    """Tie rate, delta, pairs kept, training loss and margins, and cost of one arm."""
+    scores = read_keyed(run.scores)
+    stats = pair_statistics(scores, zeta, [zeta], cfg.pairs.tie_tolerance)
+    pairs = json.loads(run.file("stats/pairs.json").read_text())
+    train = json.loads(run.file("train/metrics.json").read_text()) if trained else {}
+    history = (json.loads(run.file("train/log_history.json").read_text()) if trained else [])
+    margins = [h["rewards/margins"] for h in history if "rewards/margins" in h]
+    judgements = read_keyed(shared.judgements)
+    tokens = sum(j.get("prompt_tokens", 0) + j.get("completion_tokens", 0) for j in judgements)
+    kept = pairs.get("pairs/count", 0)
+    control = name == RANDOM_ARM
+    return {
+        "name": name, "zeta": None if control else zeta,
+        "tie_rate": None if control else stats.get(f"zeta/{zeta:g}/tie_rate"),
+        "delta": None if control else stats.get(f"zeta/{zeta:g}/delta"),
+        "pairs_kept": kept, "prompts": pairs.get("pairs/prompts"),
+        "ties_dropped": pairs.get("pairs/ties_dropped"),
+        "loss_first": train.get("train/loss_first"), "loss_last": train.get("train/loss_last"),
+        "reward_margin_first": margins[0] if margins else None,
+        "reward_margin_last": margins[-1] if margins else None,
+        "trained": trained, "train_steps": train.get("train/steps"), "judge_tokens": tokens,
+        "usable_pairs_per_1k_judge_tokens": kept / tokens * 1000 if tokens else None,
+        "note": "control: the WIM arm's pairs with chosen/rejected swapped by a seeded coin"
+                if control else None,
+    }
+
+
+def _attach_wins(report: dict) -> None:
+    """Each arm's comparison with the base, copied into its row for the side-by-side table."""
+    by_name = {c["name"]: c for c in report["comparisons"]}
+    for arm in report["arms"]:
+        c = by_name.get(f"{arm['name']} vs base", {})
+        arm["vs_base"] = {k: c.get(k) for k in ("win_rate", "wilson_95", "bootstrap_95",
+                                                  "p_value", "p_holm", "lc_win_rate")}
+
+
+def _f(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, list):
+        return "[" + ", ".join(_f(v, digits) for v in x) + "]"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def compare_markdown(report: dict) -> str:
+    lines = ["# WIM vs numeric: side-by-side arms", ""]
+    if report.get("mechanical_warning"):
+        lines += [f"> **{report['mechanical_warning']}**", ""]
+    lines += ["All arms share one generation and one judging pass (`shared/`); only scoring, "
+              "pairing and training differ (same seed, same steps). Tie rate and mean absolute "
+              "delta are over pairs of samples of one prompt on the 1-10 scale. Usable pairs "
+              "per 1,000 judge tokens is the cost of each arm's training data.", "",
+              "| arm | zeta | tie rate | delta | pairs kept | pairs / 1k judge tokens | loss "
+              "first -> last | reward margin last | win rate vs base | Wilson 95% | p (Holm) |",
+              "|" + "---|" * 11]
+    for a in report["arms"]:
+        v = a["vs_base"]
+        lines.append(f"| {a['name']} | {_f(a['zeta'], 2)} | {_f(a['tie_rate'])} | "
+                     f"{_f(a['delta'])} | {a['pairs_kept']} | "
+                     f"{_f(a['usable_pairs_per_1k_judge_tokens'], 2)} | "
+                     f"{_f(a['loss_first'])} -> {_f(a['loss_last'])} | "
+                     f"{_f(a['reward_margin_last'])} | {_f(v['win_rate'])} | "
+                     f"{_f(v['wilson_95'])} | {_f(v['p_holm'])} |")
+    lines += ["", "The random arm is the control: the WIM arm's pairs with chosen and rejected "
+              "swapped by a seeded coin.", "", "## Every comparison (blind evaluator: "
+              f"`{report['evaluator']['model']}`, {report['evaluator']['mode']}; "
+              f"{report['held_out_prompts']} held-out prompts)", "",
+              "Win rate of a over b, ties counted as half; p: exact binomial test; p (Holm): "
+              "adjusted over all comparisons below.", "",
+              *comparison_table(report["comparisons"]), ""]
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""`wim eval DIR`: the trained policy against its base (and other runs) on held-out prompts.
+
+Each system answers the held-out prompts of DIR (`prompts.holdout`, DIR/split.json) once; the
+blind evaluator (wim/blind.py) compares the answers of two systems prompt by prompt, seeing only
+the question and the two answers; wim/statistics.py turns the verdicts into win rates with
+intervals and Holm-adjusted p-values. Written: DIR/eval.json, DIR/eval.md, and for audit
+DIR/eval/answers.jsonl and DIR/eval/verdicts.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from wim.backends import SamplingParams, TransformersBackend
+from wim.blind import BlindEvaluator, open_blind_evaluator
+from wim.config import Config
+from wim.context import fit_messages, token_budget
+from wim.errors import InputError
+from wim.holdout import load_split, read_split, write_split
+from wim.prompts import Prompt
+from wim.records import read_keyed
+from wim.rundir import RunDir
+from wim.statistics import (
+    MECHANICAL_WARNING,
+    Outcomes,
+    is_bundled,
+    outcome_of,
+    summarize,
+    with_holm,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class System:
+    """A model that answers the held-out prompts: base weights plus an optional adapter."""
+
+    name: str
+    model: str
+    adapter: str | None = None
+
+
+def adapter_of(run: RunDir) -> str:
+    folder = run.file("train") / "adapter"
+    if not (folder / "adapter_config.json").is_file():
+        raise InputError(f"{run.path} holds no trained adapter ({folder} is missing). Run "
+                         f"`wim train {run.path}` first.")
+    return str(folder)
+
+
+def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list[Prompt]:
+    """The prompts DIR held out of training, checked against its samples; at most `limit`."""
+    p = cfg.prompts
+    train, held = load_split(p.source, p.split, p.limit, p.holdout)
+    split = read_split(run.path)
+    if split is None:
+        write_split(run.path, train, held)  # a run from before split.json: same rule
+    else:
+        by_id = {q.id: q for q in (*train, *held)}
+        missing = [i for i in split["holdout"] if i not in by_id]
+        if missing:
+            raise InputError(f"{run.path / 'split.json'} names held-out prompt(s) {missing[:3]} "
+                             f"that prompts.source '{p.source}' does not hold.")
+        held = [by_id[i] for i in split["holdout"]]
+    if not held:
+        raise InputError(
+            f"{run.path} has no held-out prompts (prompts.holdout is 0), so there is nothing "
+            "that training never saw. Start a run with held-out prompts, e.g. `wim run CONFIG "
+            "--out DIR --set prompts.holdout=16`."
+        )
+    check_unseen(held, run)
+    return held[:limit] if limit else held
+
+
+def check_unseen(held: list[Prompt], run: RunDir) -> None:
+    """Refuse held-out prompts that the run generated samples (and so pairs) for."""
+    seen = {r["prompt"] for r in read_keyed(run.samples)}
+    leaked = [q.id for q in held if q.text in seen]
+    if leaked:
+        raise InputError(
+            f"held-out prompt(s) {leaked[:3]} have samples in {run.samples}, so training saw "
+            "them; evaluate on prompts that run never used."
+        )
+
+
+def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
+                     progress: bool = True) -> dict[str, list[dict]]:
+    """{system name: one answer record per prompt}. One model in memory at a time; a system
+    without an adapter reuses the model loaded just before it when the weights are the same
+    (its adapter switched off: `reference_view`), so list the base after a trained system."""
+    g, e = cfg.generation, cfg.eval
+    params = SamplingParams(e.max_new_tokens or g.max_new_tokens, e.temperature, g.top_p)
+    current: tuple[str, TransformersBackend] | None = None
+    out = {}
+    for system in tqdm(systems, desc="eval answers", unit="system", disable=not progress):
+        if system.adapter is None and current is not None and current[0] == system.model:
+            backend = current[1].reference_view()
+        else:
+            current = None  # free the previous model before loading the next
+            backend = TransformersBackend.load(system.model, batch_size=g.batch_size,
+                                               adapter=system.adapter)
+            current = (system.model, backend)
+        out[system.name] = _answer(backend, cfg, prompts, params, system)
+    return out
+
+
+def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System) -> list[dict]:
+    g = cfg.generation
+    budget = token_budget(backend.context_tokens, params.max_new_tokens, g.max_prompt_tokens)
+    convs = []
+    for p in prompts:
+        messages, _ = fit_messages(list(p.messages), budget, "truncate", backend.count_tokens)
+        convs.append(messages or list(p.messages))
+    outs = backend.generate(convs, params, n=1, seed=cfg.seed)
+    return [{"system": system.name, "model": system.model, "adapter": system.adapter,
+             "prompt_id": p.id, "response": o[0].text, "completion_tokens":
+             o[0].completion_tokens} for p, o in zip(prompts, outs, strict=True)]
+
+
+def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt],
+                      answers: dict[str, list[dict]],
+                      pairs: list[tuple[str, str, str]]) -> tuple[dict[str, Outcomes], list]:
+    """({comparison name: Outcomes}, verdict records) for (name, a, b) triples."""
+    questions = [p.text for p in prompts]
+    texts = {name: [r["response"] for r in records] for name, records in answers.items()}
+    points = {}
+    if mode == "pointwise":
+        for name in sorted({s for _, a, b in pairs for s in (a, b)}):
+            points[name] = evaluator.pointwise(questions, texts[name])
+    results, records = {}, []
+    for name, a, b in pairs:
+        if mode == "pointwise":
+            verdicts = [_from_points(pa, pb) for pa, pb in zip(points[a], points[b], strict=True)]
+        else:
+            verdicts = [(v.winner, v.failure, v.raw, v.tokens)
+                        for v in evaluator.pairwise(questions, texts[a], texts[b])]
+        values, diffs = [], []
+        for p, ta, tb, (winner, failure, raw, tokens) in zip(prompts, texts[a], texts[b],
+                                                             verdicts, strict=True):
+            records.append({"comparison": name, "a": a, "b": b, "prompt_id": p.id,
+                            "domain": p.domain, "winner": winner, "failure": failure,
+                            "raw": raw, "tokens": tokens})
+            if winner is not None:
+                values.append(outcome_of(winner))
+                diffs.append(float(len(ta) - len(tb)))
+        results[name] = Outcomes(values, diffs, failures=sum(r["winner"] is None for r in
+                                                             records if r["comparison"] == name))
+    return results, records
+
+
+def _from_points(pa, pb):
+    raw, tokens = pa.raw + pb.raw, pa.tokens + pb.tokens
+    if pa.score is None or pb.score is None:
+        return None, "; ".join(f for f in (pa.failure, pb.failure) if f), raw, tokens
+    winner = "a" if pa.score > pb.score else "b" if pb.score > pa.score else "tie"
+    return winner, None, raw, tokens
+
+
+def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outcomes],
+                pairs: list[tuple[str, str, str]], systems: list[System],
+                records: list[dict], n_prompts: int) -> dict:
+    """The eval.json document: every comparison, with Holm over all of them."""
+    comparisons = with_holm([
+        summarize(name, a, b, outcomes[name], seed=cfg.seed,
+                  resamples=cfg.eval.bootstrap_resamples) for name, a, b in pairs])
+    bundled = is_bundled(evaluator.model_name) or any(is_bundled(s.model) for s in systems)
+    backend_failures = sum(1 for r in records if (r["failure"] or "").find("backend failed") >= 0)
+    return {
+        "evaluator": {"model": evaluator.model_name, "mode": cfg.blind.mode,
+                      "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries},
+        "mechanical_warning": MECHANICAL_WARNING if bundled else None,
+        "held_out_prompts": n_prompts,
+        "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},
+        "evaluator_tokens": sum(r["tokens"] for r in records),
+        "backend_failures": backend_failures,
+        "comparisons": comparisons,
+    }
+
+
+def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],
+               records: list[dict], stem: str = "eval") -> None:
+    folder = Path(folder)
+    (folder / "eval").mkdir(parents=True, exist_ok=True)
+    _jsonl(folder / "eval" / "answers.jsonl", [r for rs in answers.values() for r in rs])
+    _jsonl(folder / "eval" / "verdicts.jsonl", records)
+    (folder / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (folder / f"{stem}.md").write_text(eval_markdown(report))
+
+
+def _jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, list):
+        return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def comparison_table(comparisons: list[dict]) -> list[str]:
+    head = ("| comparison | n | wins | losses | ties | failures | win rate | Wilson 95% | "
+            "bootstrap 95% | p | p (Holm) | LC win rate |")
+    lines = [head, "|" + "---|" * 12]
+    for c in comparisons:
+        lines.append("| " + " | ".join(_fmt(c[k]) for k in (
+            "name", "n", "wins", "losses", "ties", "failures", "win_rate", "wilson_95",
+            "bootstrap_95", "p_value", "p_holm", "lc_win_rate")) + " |")
+    return lines
+
+
+def eval_markdown(report: dict) -> str:
+    ev = report["evaluator"]
+    lines = ["# Blind evaluation", ""]
+    if report.get("mechanical_warning"):
+        lines += [f"> **{report['mechanical_warning']}**", ""]
+    lines += [f"Evaluator: `{ev['model']}` ({ev['mode']}; it saw only each question and the "
+              "answers). Held-out prompts: " + str(report["held_out_prompts"]) + ".", "",
+              "Win rate of a over b, ties counted as half; failed verdicts are left out and "
+              "counted. p: exact binomial (sign) test of wins against losses; p (Holm): "
+              "adjusted over every comparison of this table. LC: length-controlled win rate "
+              "(AlpacaEval-style logistic regression, at zero length difference).", "",
+              *comparison_table(report["comparisons"]), ""]
+    return "\n".join(lines)
+
+
+def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: int | None = None,
+                 progress: bool = True) -> dict:
+    """Evaluate DIR's policy against its base and against each `against` run's policy."""
+    prompts = held_out_prompts(cfg, run, limit or cfg.eval.limit)
+    systems = [System("policy", cfg.policy.model, adapter_of(run)),
+               System("base", cfg.policy.model, None)]
+    pairs = [("policy vs base", "policy", "base")]
+    for other in against:
+        check_unseen(prompts, other)
+        name = f"policy of {other.path.name}"
+        systems.append(System(name, other.load_config().policy.model, adapter_of(other)))
+        pairs.append((f"policy vs {name}", "policy", name))
+    answers = generate_answers(cfg, systems, prompts, progress)
+    evaluator = open_blind_evaluator(cfg.blind)
+    try:
+        outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
+    finally:
+        evaluator.close()
+    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    write_eval(run.path, report, answers, records)
+    return report

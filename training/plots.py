@@ -1,0 +1,248 @@
+"""The report's plots (matplotlib, Agg backend, imported lazily): `DIR/plots/*.png`.
+
+Each `plot_*` function draws one figure, saves it and returns the numbers it actually drew,
+read back from the matplotlib artists (bar heights, line points), so a test can check that a
+plot shows what it claims rather than only that a PNG exists. A plot with nothing to show is
+not drawn (the function returns None).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from wim.metrics import system_values
+
+SYSTEM_LABELS = {"numeric": "numeric (rating)", "wim": "WIM (similarity)", "mixed": "mixed"}
+# Keys of TRL's DPO log history (trl/trainer/dpo_trainer.py) drawn per step.
+TRAIN_KEYS = {"loss": "loss", "rewards/margins": "reward margin",
+              "rewards/accuracies": "reward accuracy"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def score_values(scores: list[dict[str, Any]], zeta: float) -> dict[str, list[float]]:
+    """The 1-10 value (`x * 5 + 5`) of every scored sample under each system."""
+    out: dict[str, list[float]] = {"numeric": [], "wim": [], "mixed": []}
+    for record in scores:
+        for system, value in system_values(record, zeta, []).items():
+            out[system].append(value)
+    return {s: v for s, v in out.items() if v}
+
+
+def plot_score_distributions(scores: list[dict[str, Any]], zeta: float,
+                             path: Path) -> dict[str, Any] | None:
+    """Numeric vs WIM (vs mixed) score histograms on the 1-10 scale: the paper's key picture.
+
+    Numeric ratings pile up on a few integers (hence ties); WIM similarities spread out.
+    Returns {system: {"counts": bar heights, "n": samples}} as drawn.
+    """
+    values = score_values(scores, zeta)
+    if not values:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3.2), squeeze=False,
+                             sharey=True)
+    drawn: dict[str, Any] = {}
+    for ax, (system, vals) in zip(axes[0], values.items(), strict=True):
+        counts, _, _ = ax.hist(vals, bins=36, range=(1, 10), color="tab:blue")
+        label = SYSTEM_LABELS[system] + (f" (zeta={zeta:g})" if system == "mixed" else "")
+        ax.set_title(label)
+        ax.set_xlabel("score on the 1-10 scale")
+        drawn[system] = {"counts": [int(c) for c in counts], "n": len(vals)}
+    axes[0][0].set_ylabel("samples")
+    _save(fig, path)
+    return drawn
+
+
+def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
+    """Tie rate and mean absolute delta per training round, per scoring system: lines over
+    rounds, or grouped bars when there is one round.
+
+    `rounds`: [{"round": r, "pairs/tie_rate/<system>": x, "pairs/delta/<system>": y, ...}],
+    the shape of report.json's `rounds` key. Returns {"tie_rate": {system label: [rounds,
+    values]}, "delta": {...}} as drawn (bar heights read back from the bars).
+    """
+    if not rounds:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    single = len(rounds) == 1
+    drawn: dict[str, Any] = {}
+    for ax, metric, title in ((axes[0], "tie_rate", "tie rate"),
+                              (axes[1], "delta", "mean abs delta (1-10 scale)")):
+        drawn[metric] = {}
+        for n, system in enumerate(SYSTEM_LABELS):
+            points = [(r["round"], r[f"pairs/{metric}/{system}"]) for r in rounds
+                      if _finite(r.get(f"pairs/{metric}/{system}"))]
+            if not points:
+                continue
+            xs, ys = (list(v) for v in zip(*points, strict=True))
+            label = SYSTEM_LABELS[system]
+            if single:
+                bars = ax.bar([n], ys, color=f"C{n}", label=label)
+                ax.bar_label(bars, fmt="%.2f")
+                drawn[metric][label] = [xs, [float(b.get_height()) for b in bars]]
+            else:
+                line, = ax.plot(xs, ys, marker="o", color=f"C{n}", label=label)
+                drawn[metric][label] = [[float(v) for v in line.get_xdata()],
+                                        [float(v) for v in line.get_ydata()]]
+        ax.set_ylim(bottom=0)
+        if single:  # one round: the systems side by side, named on the axis
+            ax.set_title(f"{title} (one round)")
+            ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()))
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the value labels
+        else:
+            ax.set_title(f"{title} per round")
+            ax.set_xlabel("round")
+            ax.set_xticks(sorted({r["round"] for r in rounds}))
+            if drawn[metric]:
+                ax.legend(fontsize="small")
+    if not any(drawn.values()):
+        plt.close(fig)
+        return None
+    _save(fig, path)
+    return drawn
+
+
+def train_history(history: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
+    """{key: [steps, values]} for the per-step entries of TRL's log history."""
+    out: dict[str, list[list[float]]] = {}
+    for key in TRAIN_KEYS:
+        points = [(h["step"], h[key]) for h in history if "step" in h and _finite(h.get(key))]
+        if points:
+            out[key] = [list(map(float, c)) for c in zip(*points, strict=True)]
+    return out
+
+
+def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
+    """DPO loss, reward margin and reward accuracy per optimizer step, from TRL's log history.
+
+    The loss starts at ln 2 (0.693: chosen and rejected equally likely under the reference); a
+    margin growing above 0 means the policy moves toward the chosen answers.
+    Returns {key: [steps, values]} as drawn, for each of TRAIN_KEYS that TRL logged.
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    series = train_history(history)
+    if "loss" not in series:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
+    drawn: dict[str, Any] = {}
+    for n, (ax, (key, (steps, values))) in enumerate(zip(axes[0], series.items(),
+                                                         strict=True)):
+        line, = ax.plot(steps, values, marker="o", color=f"C{n}", label=TRAIN_KEYS[key])
+        reference = {"loss": math.log(2), "rewards/margins": 0.0, "rewards/accuracies": 0.5}
+        ax.axhline(reference[key], color="grey", linestyle=":", linewidth=1)
+        if key == "rewards/accuracies":
+            ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"DPO {TRAIN_KEYS[key]} per step")
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        drawn[key] = [[float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()]]
+    _save(fig, path)
+    return drawn
+
+
+def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
+    """Win rate (ties as half) with its Wilson 95% interval per comparison of eval.json,
+    against the 50% line. Returns {"names", "win_rate", "low", "high"} as drawn."""
+    rows = [c for c in comparisons if _finite(c.get("win_rate"))]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.55 * len(rows)))
+    ys = list(range(len(rows)))[::-1]
+    rates = [float(c["win_rate"]) for c in rows]
+    lows, highs = [], []
+    for c, rate in zip(rows, rates, strict=True):
+        lo, hi = (c.get("wilson_95") or [rate, rate])[:2]
+        lows.append(float(lo))
+        highs.append(float(hi))
+    err = [[r - lo for r, lo in zip(rates, lows, strict=True)],
+           [hi - r for r, hi in zip(rates, highs, strict=True)]]
+    bars = ax.errorbar(rates, ys, xerr=err, fmt="o", capsize=4, color="tab:blue",
+                       label="win rate (Wilson 95%)")
+    ax.axvline(0.5, color="grey", linestyle=":", label="_even")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{c.get('name', '?')}" for c in rows])
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("win rate of A over B (ties count half)")
+    _save(fig, path)
+    drawn_x = [float(v) for v in bars.lines[0].get_xdata()]
+    return {"names": [str(c.get("name")) for c in rows], "win_rate": drawn_x,
+            "low": lows, "high": highs}
+
+
+# Files this module writes; any other DIR/plots/*.png (a refinement run's quality-against-
+# tokens plot, ...) is embedded too, captioned with its file name.
+OWN_PLOTS = {
+    "score_hist.png": "Score distributions, numeric vs WIM, on the 1-10 scale (x * 5 + 5)",
+    "rounds.png": "Tie rate and mean absolute delta per round",
+    "train.png": "DPO loss, reward margin and reward accuracy per step (TRL log history)",
+    "win_rates.png": "Blind evaluation: win rates with Wilson 95% intervals",
+}
+
+
+def make_plots(cfg, run, report: dict[str, Any],
+               evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Draw every plot the run directory has data for; (relative path, caption) of each PNG
+    in DIR/plots/, ours first, then any other PNG found there."""
+    from wim.records import read_keyed
+
+    folder = run.file("plots")
+    for name in OWN_PLOTS:  # a plot without data this time must not survive from before
+        (folder / name).unlink(missing_ok=True)
+    plot_score_distributions(read_keyed(run.scores), cfg.scoring.zeta, folder / "score_hist.png")
+    rounds = report.get("rounds") or [{"round": 0, **{k: v for k, v in report.items()
+                                                      if k.startswith("pairs/")}}]
+    plot_rounds(rounds, folder / "rounds.png")
+    history = training_history(run)
+    if history:
+        plot_training(history, folder / "train.png")
+    if evaluation:
+        plot_win_rates(evaluation.get("comparisons", []), folder / "win_rates.png")
+    found = sorted(p.name for p in folder.glob("*.png")) if folder.is_dir() else []
+    ours = [(f"plots/{n}", c) for n, c in OWN_PLOTS.items() if n in found]
+    return ours + [(f"plots/{n}", n) for n in found if n not in OWN_PLOTS]
+
+
+def training_history(run) -> list[dict[str, Any]]:
+    """TRL's per-step log: DIR/rounds/<r>/train/log_history.json of every round, steps
+    numbered on across rounds, when a multi-round run has them; else DIR/train/log_history.json."""
+    import json
+
+    folder = run.file("rounds")
+    files = sorted((p for p in folder.glob("*/train/log_history.json")
+                    if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3])) \
+        if folder.is_dir() else []
+    if not files:
+        single = run.file("train") / "log_history.json"
+        return json.loads(single.read_text()) if single.is_file() else []
+    history: list[dict[str, Any]] = []
+    offset = 0
+    for path in files:
+        entries = [h for h in json.loads(path.read_text()) if isinstance(h.get("step"), int)]
+        history += [{**h, "step": h["step"] + offset} for h in entries]
+        offset += max((h["step"] for h in entries), default=0)
+    return history

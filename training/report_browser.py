@@ -1,0 +1,126 @@
+"""The data of the critique browser in report.html: one entry per preference pair, plus one per
+prompt that gave no pair (its best and worst samples tied, or too few judgements parsed).
+
+Built from the run directory alone: scores.jsonl (every judgement with its scores; judgements.jsonl
+when the run was never scored), pairs.jsonl (which samples were paired). Failed judgements are
+kept, with the judge's raw text and the parse error, so a reader can see what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from typing import Any
+
+from wim.metrics import system_values
+from wim.records import read_records
+from wim.rundir import RunDir
+from wim.scoring import is_tie, ten_point_gap, to_ten_point
+
+
+def _side(record: dict[str, Any], label: str, zeta: float) -> dict[str, Any]:
+    values = system_values(record, zeta, [])
+    score = record.get("score")
+    return {
+        "label": label,
+        "sample_idx": record.get("sample_idx"),
+        "response": str(record.get("response") or ""),
+        "critique": record.get("critique"),
+        "rating": record.get("rating"),
+        "similarity": record.get("similarity"),
+        "numeric": values.get("numeric"),
+        "wim": values.get("wim"),
+        "mixed": values.get("mixed"),
+        "score": to_ten_point(score) if isinstance(score, (int, float)) else None,
+        "parse_ok": bool(record.get("parse_ok", True)),
+        "parse_error": record.get("parse_error"),
+        "raw": record.get("raw_judge_text"),
+    }
+
+
+def _prompt_text(record: dict[str, Any]) -> str:
+    if record.get("prompt"):
+        return str(record["prompt"])
+    messages = record.get("messages") or []
+    return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+
+
+def browser_entries(run: RunDir, zeta: float, tie_tolerance: float) -> list[dict[str, Any]]:
+    """Entries in prompt order. `kind` is `pair` (a row of pairs.jsonl), `tie` (a prompt whose
+    best and worst samples tied: no pair) or `unpaired` (fewer than two judgements parsed).
+    `tie` and `failed` mark ties (also a kept tie, under `pairs.tie_policy` first/random) and
+    prompts with a judgement that failed to parse; `numeric_tie` marks a pair whose ratings
+    alone would have tied (a pair that only the critique could separate)."""
+    records = read_records(run.scores) or read_records(run.judgements)
+    by_prompt: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        by_prompt[str(r["prompt_id"])][int(r["sample_idx"])] = r
+    pairs_by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for p in read_records(run.pairs):
+        pairs_by_prompt[str(p["prompt_id"])].append(p)
+    entries: list[dict[str, Any]] = []
+    for pid, samples in by_prompt.items():
+        first = samples[min(samples)]
+        failed = [r for r in samples.values() if not r.get("parse_ok", True)]
+        base = {"prompt_id": pid, "domain": str(first.get("domain") or ""),
+                "prompt": _prompt_text(first), "failed": bool(failed)}
+        for pair in pairs_by_prompt.get(pid, []):
+            chosen = samples.get(int(pair["chosen_sample_idx"]))
+            rejected = samples.get(int(pair["rejected_sample_idx"]))
+            if chosen is None or rejected is None:  # pairs from another scoring: show the row
+                chosen = {**pair, "response": pair["chosen"][0]["content"],
+                          "critique": pair.get("chosen_critique"),
+                          "rating": pair.get("chosen_rating"), "score": pair.get("chosen_score")}
+                rejected = {**pair, "response": pair["rejected"][0]["content"],
+                            "critique": pair.get("rejected_critique"),
+                            "rating": pair.get("rejected_rating"),
+                            "score": pair.get("rejected_score")}
+            gap = ten_point_gap(pair["chosen_score"], pair["rejected_score"])
+            sides = [_side(chosen, "chosen", zeta), _side(rejected, "rejected", zeta)]
+            numeric = [s["numeric"] for s in sides]
+            entries.append({**base, "kind": "pair", "tie": is_tie(gap, tie_tolerance),
+                            "numeric_tie": None not in numeric
+                            and is_tie(numeric[0] - numeric[1], tie_tolerance),
+                            "sides": sides, "failures": _failures(failed, sides, zeta)})
+        if pid in pairs_by_prompt:
+            continue
+        usable = [r for r in samples.values() if r.get("score") is not None]
+        if len(usable) >= 2:
+            best = max(usable, key=lambda r: r["score"])
+            worst = min((r for r in usable if r is not best), key=lambda r: r["score"])
+            sides = [_side(best, "best", zeta), _side(worst, "worst", zeta)]
+            entries.append({**base, "kind": "tie", "tie": True, "sides": sides,
+                            "failures": _failures(failed, sides, zeta)})
+        else:
+            sides = [_side(r, f"sample {i}", zeta) for i, r in sorted(samples.items())]
+            entries.append({**base, "kind": "unpaired", "tie": False, "sides": sides,
+                            "failures": []})
+    for number, entry in enumerate(entries):
+        entry["id"] = number
+    return entries
+
+
+def _failures(failed: list[dict], sides: list[dict], zeta: float) -> list[dict[str, Any]]:
+    """Failed judgements of the prompt that are not already shown as one of the two sides."""
+    shown = {s["sample_idx"] for s in sides}
+    return [_side(r, f"sample {r.get('sample_idx')} (failed)", zeta) for r in failed
+            if r.get("sample_idx") not in shown]
+
+
+def script_json(data: Any) -> str:
+    """JSON that is safe inside a `<script>` element: `<`, `>` and `&` become \\u escapes, so
+    no model text can close the element or open a comment (`</script>`, `<!--`)."""
+    text = json.dumps(_finite(data), ensure_ascii=True, allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(data: Any) -> Any:
+    """NaN and infinities (not JSON) as null."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data

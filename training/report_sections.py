@@ -1,0 +1,131 @@
+"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json),
+plus the markdown helpers they share with training/report.py.
+
+Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
+and training: a list of flat metric dicts, one per round, each with an integer `round` and the
+same `pairs/...` keys as the top level (`pairs/tie_rate/<system>`, `pairs/delta/<system>`,
+`pairs/count`, ...). It comes from a stage's stats (`stats/*.json` holding `rounds` as that
+list, or as a dict keyed by round) or, failing that, is derived from `DIR/rounds/<r>/scores.jsonl`
+(and `DIR/rounds/<r>/pairs.jsonl` for the pair count). A run of one round has no `rounds` key;
+its plot shows the top-level numbers as round 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from wim.config import Config
+from wim.metrics import pair_statistics
+from wim.records import read_records
+from wim.rundir import RunDir
+
+SYSTEMS = ("numeric", "wim", "mixed")
+
+
+def md_cell(text: Any) -> str:
+    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
+    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+
+
+def fmt(value: Any, pct: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
+    return str(value)
+
+
+def _round_list(value: Any) -> list[dict[str, Any]]:
+    """The `rounds` value as a list sorted by round; entries without an integer round dropped."""
+    if isinstance(value, dict):
+        value = [{**v, "round": int(k)} for k, v in value.items()
+                 if isinstance(v, dict) and str(k).lstrip("-").isdigit()]
+    if not isinstance(value, list):
+        return []
+    out = [dict(v) for v in value if isinstance(v, dict) and isinstance(v.get("round"), int)]
+    return sorted(out, key=lambda v: v["round"])
+
+
+def collect_rounds(cfg: Config, run: RunDir, given: Any = None) -> list[dict[str, Any]]:
+    """Per-round metrics: `given` (a stats file's `rounds`), else from DIR/rounds/<r>/."""
+    rounds = _round_list(given)
+    folder = run.file("rounds")
+    if rounds or not folder.is_dir():
+        return rounds
+    for sub in sorted(folder.iterdir(), key=lambda p: (len(p.name), p.name)):
+        scores = read_records(sub / "scores.jsonl") if sub.name.isdigit() else []
+        if not scores:
+            continue
+        stats = pair_statistics(scores, cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+        entry: dict[str, Any] = {"round": int(sub.name)}
+        entry.update({k: v for k, v in stats.items() if k.startswith("pairs/")})
+        if (sub / "pairs.jsonl").is_file():
+            entry["pairs/count"] = len(read_records(sub / "pairs.jsonl"))
+        rounds.append(entry)
+    return rounds
+
+
+def rounds_lines(value: Any) -> list[str]:
+    rounds = _round_list(value)
+    if not rounds:
+        return []
+    lines = ["", "## Per round", "",
+             "| round | pairs | " + " | ".join(f"tie rate {s}" for s in SYSTEMS) + " | "
+             + " | ".join(f"delta {s}" for s in SYSTEMS) + " |",
+             "|---" * (2 + 2 * len(SYSTEMS)) + "|"]
+    for r in rounds:
+        ties = [fmt(r.get(f"pairs/tie_rate/{s}"), True) for s in SYSTEMS]
+        deltas = [fmt(r.get(f"pairs/delta/{s}")) for s in SYSTEMS]
+        lines.append(f"| {r['round']} | {fmt(r.get('pairs/count'))} | "
+                     + " | ".join(ties + deltas) + " |")
+    return lines
+
+
+def _interval(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"{fmt(_num(value[0]), True)} - {fmt(_num(value[1]), True)}"
+    return "n/a"
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _p(value: Any) -> str:
+    v = _num(value)
+    return "n/a" if v is None or math.isnan(v) else f"{v:.3g}"
+
+
+def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
+    """The blind evaluation (eval.json) as a table: win rates (ties half) with Wilson and
+    paired-bootstrap 95% intervals, raw and Holm-adjusted p-values, length-controlled rate."""
+    if not evaluation:
+        return []
+    lines = ["", "## Blind evaluation (eval.json)", ""]
+    who = evaluation.get("evaluator") or {}
+    if isinstance(who, dict) and who:
+        lines += ["Evaluator: " + "; ".join(f"{md_cell(k)} {md_cell(v)}"
+                                            for k, v in who.items()) + ".", ""]
+    if evaluation.get("mechanical_warning"):
+        lines += [f"> **Mechanical numbers.** {md_cell(evaluation['mechanical_warning'])}", ""]
+    lines += ["| comparison | A | B | n | wins / losses / ties | failures | win rate A | "
+              "Wilson 95% | bootstrap 95% | p | p (Holm) | length-controlled |",
+              "|---" * 12 + "|"]
+    for c in evaluation.get("comparisons", []):
+        record = " / ".join(fmt(c.get(k)) for k in ("wins", "losses", "ties"))
+        lines.append(
+            f"| {md_cell(c.get('name', ''))} | {md_cell(c.get('a', ''))} | "
+            f"{md_cell(c.get('b', ''))} | {fmt(c.get('n'))} | {record} | "
+            f"{fmt(c.get('failures'))} | {fmt(_num(c.get('win_rate')), True)} | "
+            f"{_interval(c.get('wilson_95'))} | {_interval(c.get('bootstrap_95'))} | "
+            f"{_p(c.get('p_value'))} | {_p(c.get('p_holm'))} | "
+            f"{fmt(_num(c.get('lc_win_rate')), True)} |")
+    lines += ["", "Ties count half; failures (verdicts that did not parse after retries) count "
+              "for neither side. p: exact two-sided binomial test against "
+              "50%; Holm-adjusted across every comparison of this report."]
+    return lines
