@@ -86,8 +86,16 @@ def parse_verdict(text: str) -> str | None:
 
 
 def parse_vote(text: str) -> bool | None:
+    """yes/accept/correct/true -> True, no/reject/incorrect/wrong/false -> False, else None."""
     verdict = parse_verdict(text)
-    return None if verdict is None else verdict == "accept"
+    if verdict is not None:
+        return verdict == "accept"
+    word = re.sub(r"[^a-z]", " ", text.lower()).split()
+    if word and word[0] in ("correct", "true", "right"):
+        return True
+    if word and word[0] in ("incorrect", "wrong", "false"):
+        return False
+    return None
 
 
 def raise_flags(answer: str, critique: str | None) -> tuple[str, ...]:

@@ -49,7 +49,9 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
     info: dict[str, Any] = {}
     voted = v.enabled and all(rec["accepts"] is not None for t in trajectories for rec in t)
     if v.enabled and not voted:
-        info["vrr_skipped"] = "some answers' votes failed to parse after retries"
+        failed = sum(rec["accepts"] is None for t in trajectories for rec in t)
+        info["vrr_skipped"] = (f"the votes on {failed} answers failed to parse after retries "
+                               "(the VRR policies need every answer's M votes)")
     calibrated = None
     if voted:
         out.update(vrr_stop=[], vrr_guard=[])
@@ -188,6 +190,8 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
     lines += ["", f"Attempts {c['attempts']}, accepted {c['accepted']}, rejected by rule "
               f"{c['rejections_by_rule']}, E_L evaluations failed {c['evaluation_failed']}, "
               f"vote sets failed {c['votes_failed']} (votes re-asked {c['votes_reasked']})."]
+    if "vrr_skipped" in summary:
+        lines.append(f"VRR policies left out: {summary['vrr_skipped']}.")
     if "calibration" in summary:
         cal = summary["calibration"]
         lines.append(f"Votes calibrated by EM: rho0 {cal['rho0']:.3f}, rho1 {cal['rho1']:.3f}, "

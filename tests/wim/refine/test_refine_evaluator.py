@@ -30,7 +30,8 @@ def test_parse_verdict_and_vote():
     assert parse_verdict(" Accept.") == "accept" and parse_verdict("reject") == "reject"
     assert parse_verdict(" 1. The answer") is None
     assert parse_vote(" yes") is True and parse_vote(" no") is False
-    assert parse_vote(" correct") is None
+    assert parse_vote(" correct") is True and parse_vote(" Wrong.") is False
+    assert parse_vote(" maybe") is None
 
 
 def test_flag_rules():

@@ -55,7 +55,7 @@ def test_failed_votes_leave_the_vrr_policies_out_and_say_why():
     cfg = load_config(CONFIG, ["refine.max_attempts=2"])
     q0 = traj("p0", [0.5, 0.6, 0.7], [None, True, True], [3, None, 4])
     out, info = derive_policies(cfg, [q0])
-    assert "vrr_stop" not in out and "votes failed" in info["vrr_skipped"]
+    assert "vrr_stop" not in out and "votes on 1 answers failed" in info["vrr_skipped"]
 
 
 def test_summary_tokens_saved_tests_and_blind_pairs():
