@@ -30,6 +30,9 @@ class SamplingParams:
     guide_label: str | None = None
     """Judge format guide (backends with `supports_guide`): after one line of critique, force
     this label (e.g. "Rating:") and allow a few tokens for the value, all in one call."""
+    json_schema: dict | None = None
+    """Judge format for servers (backends with `supports_json_schema`): ask for JSON that
+    matches this schema (`response_format`); a server that refuses it gets plain text."""
 
 
 def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
@@ -46,6 +49,8 @@ class Backend(ABC):
     supports_prefill: bool = False
     #: True when the backend honours `SamplingParams.guide_label`.
     supports_guide: bool = False
+    #: True when the backend can ask for `SamplingParams.json_schema` (an HTTP server).
+    supports_json_schema: bool = False
     #: Tokens the model attends to (prompt + generated); None when unknown (inputs unchecked).
     context_tokens: int | None = None
 
