@@ -51,3 +51,28 @@ def test_same_greedy_judgements_with_and_without_reuse(monkeypatch) -> None:
     assert all(length >= max(MIN_PREFIX_TOKENS, 150) for length, _ in batches)
     assert raws[True] == raws[False]
     assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
+
+
+@pytest.mark.slow
+def test_llama_cpp_same_judgements_with_and_without_reuse(monkeypatch) -> None:
+    pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
+    from wim.backends.llama_cpp_backend import LlamaCppBackend
+
+    backend = LlamaCppBackend.load("bundled:smollm2-135m-instruct", n_threads=1)
+    restored = []
+    real = backend.llama.load_state
+    monkeypatch.setattr(backend.llama, "load_state", lambda s: restored.append(1) or real(s))
+    raws = {}
+    try:
+        for reuse in (False, True):
+            backend.reuse_prefix = reuse
+            judge = BackendJudge(backend, role="fixed", model_name="bundled", max_new_tokens=24,
+                                 max_retries=0)
+            raws[reuse] = [r.raw for r in judge.judge(ITEMS, seed=1)]
+            # Two calls (critique, then rating); the prefix is evaluated once per call and
+            # restored for the other four prompts.
+            assert len(restored) == (8 if reuse else 0)
+    finally:
+        backend.close()
+    assert raws[True] == raws[False]
+    assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
