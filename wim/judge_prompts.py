@@ -37,7 +37,9 @@ def judge_json_schema(mode: str = "wim") -> dict:
     The parser reads this JSON like the two-line format and checks every value itself."""
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
-    properties: dict = {"rating": {"type": "integer", "minimum": 1, "maximum": 10}}
+    # An enum rather than minimum/maximum: llama.cpp's schema-to-grammar ignores the bounds
+    # (the bundled judge wrote "rating": 1000000000000000), and every server takes an enum.
+    properties: dict = {"rating": {"type": "integer", "enum": list(range(1, 11))}}
     if mode == "wim":
         properties = {"missing": {"type": "string", "maxLength": MAX_JSON_CRITIQUE_CHARS},
                       **properties}

@@ -135,7 +135,7 @@ def _from_json(text: str) -> str:
     if not (stripped.startswith("{") and stripped.endswith("}")):
         return text
     try:
-        data = json.loads(stripped)
+        data = json.loads(stripped, strict=False)  # a raw newline inside a string is common
     except ValueError:
         return text
     if not isinstance(data, dict):

@@ -154,9 +154,28 @@ def test_guided_format_on_a_real_llama_cpp_server(server_url: str, tmp_path: Pat
         assert len(judgements) == 8 and report["http/judge/failures"] == 0
         rates[guided] = sum(not j["parse_ok"] for j in judgements) / len(judgements)
         if guided:
-            # llama-cpp-python's server refuses OpenAI's json_schema form (once), then takes
-            # the json_object form with the schema: every verdict is JSON.
-            assert report["http/judge/guided_refused"] == 1
+            # llama-cpp-python's server refuses OpenAI's json_schema form (once per request
+            # already in flight), then takes the json_object form with the schema: every
+            # verdict is JSON.
+            assert 1 <= report["http/judge/guided_refused"] <= 8
             assert all(j["raw_judge_text"].lstrip().startswith("{") for j in judgements)
     assert rates[False] >= 0.75, rates
     assert rates[True] <= 0.25, rates
+
+
+@pytest.mark.parametrize(("text", "critique", "rating", "ok"), [
+    ('{"missing": "the unit", "rating": 6}', "the unit", 6, True),
+    ('```json\n{"missing": "None", "rating": 10}\n```', "", 10, True),
+    ('{ "missing": "a\nraw newline" ,"rating" : 4} ', "a raw newline", 4, True),
+    ('{"missing": "the unit", "rating": 1000000000000000}', "the unit", None, False),
+    ('{"missing": "the unit", "rating": 7.5}', "the unit", None, False),
+    ('{"missing": null, "rating": 6}', None, 6, False),
+    # An echoed rubric inside the JSON is still an echoed rubric.
+    ('{"missing": "10 = nothing important missing, 7-9 = minor points", "rating": 8}',
+     None, 8, False),
+])
+def test_parser_reads_the_json_form(text, critique, rating, ok):
+    from wim.parsing import parse_judgement
+
+    parsed = parse_judgement(text)
+    assert (parsed.critique, parsed.rating, parsed.ok) == (critique, rating, ok)
