@@ -7,12 +7,12 @@ wim/data/judge_prompt.txt) is
     Rating: <one integer from 1 to 10>
 
 Labels may be wrapped in markdown (`**Rating:** 7`, `## Missing -`, `__Rating__ = 7`), carry a
-short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`; a whole JSON object
-`{"missing": "...", "rating": 7}`, the guided format of HTTP judges, is decoded first); the text before,
-between and after them may be anything. A rating is accepted only when it is one integer in
-1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0", "7,5", "-3", "7-8"
-and "seven" are failures with a reason (the prompt asks for an integer). A bare number without
-a label is never taken as a rating. A failed parse is reported (`ok=False`, `error`), never
+short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`; a whole JSON
+object `{"missing": "...", "rating": 7}`, the guided format of HTTP judges, is decoded first);
+the text before, between and after them may be anything. A rating is accepted only when it is
+one integer in 1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0",
+"7,5", "-3", "7-8" and "seven" are failures with a reason (the prompt asks for an integer). A
+bare number without a label is never taken as a rating. A failed parse is reported (`ok=False`, `error`), never
 filled in; the caller keeps the raw text.
 
 Which label counts: a model that restates the instructions writes "Rating: <one integer ...>"

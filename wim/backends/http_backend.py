@@ -12,8 +12,9 @@ first in OpenAI's form (`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, ll
 llama-server), then, if the server refuses that with a 4xx naming the format, in the
 `{"type": "json_object", "schema": ...}` form (llama-cpp-python's server, llama-server), then
 none (plain text). A refusal is a 4xx whose body names the format, or a 5xx that names
-`response_format` (llama-cpp-python answers an unknown format type with a 500). A refused form is remembered for the backend's lifetime and counted
-(`stats["guided_refused"]`); the refusal is not a retry of the request.
+`response_format` (llama-cpp-python answers an unknown format type with a 500). A refused form
+is remembered for the backend's lifetime and counted (`stats["guided_refused"]`); the refusal
+is not a retry of the request.
 """
 
 from __future__ import annotations
