@@ -12,8 +12,8 @@ object `{"missing": "...", "rating": 7}`, the guided format of HTTP judges, is d
 the text before, between and after them may be anything. A rating is accepted only when it is
 one integer in 1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0",
 "7,5", "-3", "7-8" and "seven" are failures with a reason (the prompt asks for an integer). A
-bare number without a label is never taken as a rating. A failed parse is reported (`ok=False`, `error`), never
-filled in; the caller keeps the raw text.
+bare number without a label is never taken as a rating. A failed parse is reported
+(`ok=False`, `error`), never filled in; the caller keeps the raw text.
 
 Which label counts: a model that restates the instructions writes "Rating: <one integer ...>"
 before its real rating, so the rating is taken from the LAST "Rating" label that is followed by a
