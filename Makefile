@@ -59,6 +59,7 @@ test-fast: install
 
 bench: install-dev
 	$(PY) tests/benchmarks/bench_generation.py
+	$(PY) tests/benchmarks/bench_judge.py
 
 lint: install
 	@$(STEP) "ruff" $(VENV)/bin/ruff check .

@@ -163,6 +163,7 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
         backend, role=j.role, model_name=name, mode=j.mode, prompt=j.prompt, criteria=j.criteria,
         instructions_in=j.instructions_in, max_new_tokens=j.max_new_tokens,
         max_retries=j.max_retries, retry_temperature=j.retry_temperature,
+        guided_json=j.guided_json,
     )
 
 

@@ -129,6 +129,10 @@ class JudgeConfig:
     response kept whole; judge/truncated) or `skip` (not judged; judge/skipped_overlong)."""
     max_input_tokens: int | None = None
     """Cap on judge input tokens below the judge's context; null: none."""
+    guided_json: bool = True
+    """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
+    (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
+    server refuses it (`http/judge/guided_refused`). false: plain text only."""
 
 
 @dataclass

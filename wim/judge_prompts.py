@@ -28,6 +28,25 @@ _TEMPLATE_FILES = {"wim": "judge_prompt.txt", "numeric": "judge_prompt_numeric.t
 EMPTY_ANSWER = "(empty answer)"
 
 
+MAX_JSON_CRITIQUE_CHARS = 300
+
+
+def judge_json_schema(mode: str = "wim") -> dict:
+    """The JSON a server is asked for (HTTP judges, `judge.guided_json`): the fields of the
+    text format as keys, `{"missing": "...", "rating": N}` (numeric mode: only the rating).
+    The parser reads this JSON like the two-line format and checks every value itself."""
+    if mode not in MODES:
+        raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
+    # An enum rather than minimum/maximum: llama.cpp's schema-to-grammar ignores the bounds
+    # (the bundled judge wrote "rating": 1000000000000000), and every server takes an enum.
+    properties: dict = {"rating": {"type": "integer", "enum": list(range(1, 11))}}
+    if mode == "wim":
+        properties = {"missing": {"type": "string", "maxLength": MAX_JSON_CRITIQUE_CHARS},
+                      **properties}
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
 @cache
 def load_template(mode: str, prompt: str = "ours") -> str:
     """The raw instruction template for `mode` ('wim' or 'numeric') and `prompt` ('ours' or

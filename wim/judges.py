@@ -6,7 +6,9 @@ llama.cpp, or an OpenAI-compatible server). Roles:
 - changing: the policy being trained, so the judge moves with training;
 - external: any other model.
 
-With a backend that can prefill the assistant turn, a local judge is walked through the format:
+A server (HTTP backend) is asked for the format as JSON, `{"missing": ..., "rating": N}`
+(`guided_json`; it falls back to plain text where the server refuses a schema). With a backend
+that can prefill the assistant turn, a local judge is walked through the format:
 first "Missing:" is continued up to the rating, then "Rating:" is continued. Small models keep
 the format far more often that way; the parser still checks every value. With the authors'
 prompt (`prompt="authors"`) the explanation is written up to "[[", then the rating up to "]]",
@@ -26,6 +28,7 @@ from wim.judge_prompts import (
     RATING_PREFILL,
     build_judge_instructions,
     build_judge_messages,
+    judge_json_schema,
 )
 from wim.parsing import ECHOED_RUBRIC, parse_judgement
 
@@ -90,6 +93,7 @@ class BackendJudge(Judge):
         max_new_tokens: int = 64,
         max_retries: int = 2,
         retry_temperature: float = 0.7,
+        guided_json: bool = True,
     ) -> None:
         self.backend = backend
         self.role = role
@@ -101,6 +105,7 @@ class BackendJudge(Judge):
         self.max_new_tokens = max_new_tokens
         self.max_retries = max_retries
         self.retry_temperature = retry_temperature
+        self.guided_json = guided_json
         self.instructions = build_judge_instructions(criteria, mode, prompt)
 
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
@@ -164,7 +169,11 @@ class BackendJudge(Judge):
         """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
         convs = [self._messages(p, r) for p, r in items]
         if not self.backend.supports_prefill:
-            params, head = SamplingParams(self.max_new_tokens, temperature, 1.0), ""
+            # A server is asked for the JSON of the format, where it takes a schema.
+            schema = (judge_json_schema(self.mode) if self.guided_json and self.prompt == "ours"
+                      and self.backend.supports_json_schema else None)
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0, json_schema=schema)
+            head = ""
         elif self.prompt == "authors":
             return self._ask_authors(convs, temperature, seed)
         elif self.mode == "numeric":

@@ -7,12 +7,13 @@ wim/data/judge_prompt.txt) is
     Rating: <one integer from 1 to 10>
 
 Labels may be wrapped in markdown (`**Rating:** 7`, `## Missing -`, `__Rating__ = 7`), carry a
-short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`); the text before,
-between and after them may be anything. A rating is accepted only when it is one integer in
-1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0", "7,5", "-3", "7-8"
-and "seven" are failures with a reason (the prompt asks for an integer). A bare number without
-a label is never taken as a rating. A failed parse is reported (`ok=False`, `error`), never
-filled in; the caller keeps the raw text.
+short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`; a whole JSON
+object `{"missing": "...", "rating": 7}`, the guided format of HTTP judges, is decoded first);
+the text before, between and after them may be anything. A rating is accepted only when it is
+one integer in 1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0",
+"7,5", "-3", "7-8" and "seven" are failures with a reason (the prompt asks for an integer). A
+bare number without a label is never taken as a rating. A failed parse is reported
+(`ok=False`, `error`), never filled in; the caller keeps the raw text.
 
 Which label counts: a model that restates the instructions writes "Rating: <one integer ...>"
 before its real rating, so the rating is taken from the LAST "Rating" label that is followed by a
@@ -31,6 +32,7 @@ is missing, 7-9 = minor points ...") or copies the instructions fails with the r
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -114,7 +116,7 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
     """
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
-    text = _as_text(text)
+    text = _from_json(_as_text(text))
     if _AUTHORS_RATING.search(text):
         return _parse_authors(text, mode, instructions)
     labels = list(_RATING_LABEL.finditer(text))
@@ -123,6 +125,33 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
         return ParsedJudgement(None, rating, rating is not None, rating_error)
     critique = _find_critique(text, labels, chosen)
     return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
+
+
+def _from_json(text: str) -> str:
+    """A JSON object with a "rating" (and "missing") key, as a server writes it for the guided
+    format (wim/judge_prompts.py judge_json_schema), rewritten as the two-line text format so
+    that every value is checked by the same rules; any other text unchanged."""
+    stripped = _CODE_FENCE.sub("", text).strip()
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return text
+    try:
+        data = json.loads(stripped, strict=False)  # a raw newline inside a string is common
+    except ValueError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    fields = {str(k).lower(): v for k, v in data.items()}
+    if "rating" not in fields:
+        return text
+    missing = fields.get("missing")  # absent or null: no critique (an error in wim mode)
+    lines = [] if missing is None else [f"Missing: {_json_value(missing)}"]
+    return "\n".join([*lines, f"Rating: {_json_value(fields['rating'])}"])
+
+
+def _json_value(value: object) -> str:
+    """One line: a string as it is (newlines as spaces), anything else as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return " ".join(text.split()) or '""'
 
 
 def _parse_authors(text: str, mode: str, instructions: str) -> ParsedJudgement:

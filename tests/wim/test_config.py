@@ -42,12 +42,12 @@ def test_quickstart_loads_with_its_values():
     assert cfg.seed == 0
     assert cfg.generation.k == 2
     assert cfg.generation.batch_size == 16
-    assert cfg.judge.max_new_tokens == 48
+    assert cfg.judge.max_new_tokens == 32
     assert cfg.scoring.zeta == 0.4
     assert cfg.scoring.report_zetas == [0.0, 0.4, 1.0]
-    assert cfg.dpo.learning_rate == 5.0e-5
+    assert cfg.dpo.learning_rate == 2.0e-3
     assert isinstance(cfg.dpo.learning_rate, float)
-    assert cfg.dpo.max_steps == 10
+    assert cfg.dpo.max_steps == 30
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.prompts.limit is None
     # Fields not in the YAML keep their defaults.

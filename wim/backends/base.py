@@ -33,6 +33,9 @@ class SamplingParams:
     guide_choices: tuple[str, ...] = ()
     """With `guide_label`: the value after the label must be one of these strings (with or
     without a leading space); the model picks among them. Empty: any value (the parser checks)."""
+    json_schema: dict | None = None
+    """Judge format for servers (backends with `supports_json_schema`): ask for JSON that
+    matches this schema (`response_format`); a server that refuses it gets plain text."""
 
 
 def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
@@ -49,6 +52,8 @@ class Backend(ABC):
     supports_prefill: bool = False
     #: True when the backend honours `SamplingParams.guide_label`.
     supports_guide: bool = False
+    #: True when the backend can ask for `SamplingParams.json_schema` (an HTTP server).
+    supports_json_schema: bool = False
     #: Tokens the model attends to (prompt + generated); None when unknown (inputs unchecked).
     context_tokens: int | None = None
 

@@ -1,10 +1,13 @@
 """Guided judge format for local transformers judges, in one generate call.
 
 The judge's assistant turn starts with "Missing:" (prefill). `FormatGuide` lets each row write
-one line of critique, then forces the tokens of "Rating:" and allows a few free tokens for the
-number. Without it, the rating would need a second call that re-reads the whole prompt, and on
-a CPU reading the prompt costs more than writing the answer. The guide only decides *where*
-the rating goes; the number itself is the model's, and the parser still checks it.
+one line of critique (which may not start with a newline or a number: a critique that starts
+"10 = ..." copies the rating scale), then forces the tokens of "Rating:" and allows a few digit
+tokens for the number (as a server's JSON schema asks for an integer). Without it, the rating
+would need a second call that re-reads the whole prompt, and on a CPU reading the prompt costs
+more than writing the answer. The guide only decides *where* the rating goes and that it is
+written in digits; which number is the model's choice, and the parser still checks it (0 or
+11 still fail).
 
 With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings
 (a token trie): the model's most likely valid choice is taken, the rest of the vocabulary is
@@ -40,8 +43,14 @@ class FormatGuide(LogitsProcessor):
         self.max_critique_tokens = max_critique_tokens
         self.max_value_tokens = max_value_tokens
         self.eos = tokenizer.eos_token_id
-        self.newline_ids, self.text_ids = _token_classes(tokenizer)
+        self.newline_ids, self.text_ids, number_ids, digit_ids = _token_classes(tokenizer)
         self.newline_list = sorted(self.newline_ids)
+        self.number_list = sorted(number_ids)
+        # The value: digits only (as a server's JSON schema asks for an integer); after the
+        # first digit, also the end of the line or of the turn.
+        self.digit_list = sorted(digit_ids)
+        ends = [*self.newline_list, *([self.eos] if self.eos is not None else [])]
+        self.digit_or_end = sorted({*self.digit_list, *ends})
         self.rows = [_Row() for _ in range(batch)]
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
                         for c in choices for prefix in ("", " ")]
@@ -98,8 +107,11 @@ class FormatGuide(LogitsProcessor):
                 # 0, not the model's logit: a top-p filter before us may have set it to -inf.
                 scores[i, :] = float("-inf")
                 scores[i, row.forced[0]] = 0.0
-            elif row.phase == 2 and self.choices:
-                allowed = self._allowed(row.value)
+            elif row.phase == 2:
+                if self.choices:
+                    allowed = self._allowed(row.value)
+                else:
+                    allowed = self.digit_list if row.count == 0 else self.digit_or_end
                 kept = scores[i, allowed].clone()
                 if torch.isinf(kept).all():  # a filter before us masked them all
                     kept.zero_()
@@ -109,7 +121,11 @@ class FormatGuide(LogitsProcessor):
                 # The critique may not end the turn: the rating has to follow it.
                 scores[i, self.eos] = float("-inf")
                 if not row.seen_text:
+                    # Nor start with a newline, or with a number: a critique names what is
+                    # missing, while a small judge that starts with "10 = ..." copies the
+                    # rating scale (an echoed rubric, asked again at a cost).
                     scores[i, self.newline_list] = float("-inf")
+                    scores[i, self.number_list] = float("-inf")
         return scores
 
     def done(self, input_ids, scores) -> torch.Tensor:
@@ -128,16 +144,21 @@ class FormatGuide(LogitsProcessor):
         return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
 
 
-_CLASSES: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
+_CLASSES: dict[int, tuple[frozenset[int], ...]] = {}
 
 
-def _token_classes(tokenizer) -> tuple[frozenset[int], frozenset[int]]:
-    """(ids whose text holds a newline, ids whose text holds a letter), cached."""
+def _token_classes(tokenizer) -> tuple[frozenset[int], ...]:
+    """(ids whose text holds a newline, ids whose text holds a letter, ids whose text starts
+    with a digit or "=" after spaces, ids whose text is digits after an optional space),
+    cached."""
     key = id(tokenizer)
     if key not in _CLASSES:
         pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         texts = [tokenizer.convert_tokens_to_string([p]) if p is not None else "" for p in pieces]
         newline = frozenset(i for i, t in enumerate(texts) if "\n" in t)
         text = frozenset(i for i, t in enumerate(texts) if any(c.isalpha() for c in t))
-        _CLASSES[key] = (newline, text)
+        number = frozenset(i for i, t in enumerate(texts)
+                           if t.strip() and (t.strip()[0].isdigit() or t.strip()[0] == "="))
+        digits = frozenset(i for i, t in enumerate(texts) if t.lstrip(" ").isdigit())
+        _CLASSES[key] = (newline, text, number, digits)
     return _CLASSES[key]

@@ -6,6 +6,15 @@ retried with exponential backoff on the next URL; other 4xx are not retried. Aft
 `max_retries` retries it becomes `Completion(ok=False, error=...)`: the backend never raises
 for a request and never waits without a timeout. The API key is read once from an environment
 variable and appears only in the Authorization header, never in reprs, errors or logs.
+
+Guided judge format: with `SamplingParams.json_schema` the request carries a `response_format`,
+first in OpenAI's form (`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, llama.cpp's
+llama-server), then, if the server refuses that with a 4xx naming the format, in the
+`{"type": "json_object", "schema": ...}` form (llama-cpp-python's server, llama-server), then
+none (plain text). A refusal is a 4xx whose body names the format, or a 5xx that names
+`response_format` (llama-cpp-python answers an unknown format type with a 500). A refused form
+is remembered for the backend's lifetime and counted (`stats["guided_refused"]`); the refusal
+is not a retry of the request.
 """
 
 from __future__ import annotations
@@ -31,6 +40,21 @@ _BODY_SNIPPET = 120  # characters of an error body kept in the error message
 class _Failure:
     reason: str
     retry: bool
+    refused_format: bool = False
+    """A 4xx whose body names the response format: the server does not take it."""
+
+
+# The forms of `response_format` tried in order (see the module docstring).
+GUIDED_FORMS = ("json_schema", "json_object")
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+
+
+def response_format(form: str, schema: dict) -> dict:
+    """The `response_format` request field asking for JSON that matches `schema`."""
+    if form == "json_schema":
+        return {"type": "json_schema",
+                "json_schema": {"name": "wim_judgement", "schema": schema, "strict": True}}
+    return {"type": "json_object", "schema": schema}
 
 
 class HTTPBackend(Backend):
@@ -38,6 +62,7 @@ class HTTPBackend(Backend):
 
     name = "http"
     supports_prefill = False
+    supports_json_schema = True
 
     def __init__(
         self,
@@ -69,7 +94,8 @@ class HTTPBackend(Backend):
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.context_tokens = context_tokens  # prompts are measured with the base estimate
-        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self.stats = {"requests": 0, "retries": 0, "failures": 0, "guided_refused": 0}
+        self._refused: set[str] = set()  # response_format forms this server refused
         self._lock = threading.Lock()
         self._next = 0
         self._jitter = random.Random()  # jitter only spreads retries; it never touches results
@@ -129,10 +155,9 @@ class HTTPBackend(Backend):
             payload["stop"] = list(params.stop)
         failure = _Failure("no attempt made", retry=False)
         first = self._take_index()
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._count("retries")
-                time.sleep(self._backoff(attempt))
+        attempt = 0
+        while attempt <= self.max_retries:
+            form = self._guided_form(payload, params.json_schema)
             # The first attempt takes its turn in the round-robin; each retry moves on to the
             # URL after the one that failed, so one dead server cannot take every attempt.
             url = self.base_urls[(first + attempt) % len(self.base_urls)] + "/chat/completions"
@@ -143,12 +168,18 @@ class HTTPBackend(Backend):
                 outcome = _Failure(f"{type(exc).__name__} from {url}: {exc}", retry=False)
             if isinstance(outcome, Completion):
                 return outcome
+            if form is not None and outcome.refused_format:
+                self._refuse(form, outcome.reason)
+                continue  # the same attempt again, with the next form or plain text
             failure = outcome
-            logger.debug("attempt %d failed: %s", attempt + 1, self._scrub(failure.reason))
-            if not failure.retry:
+            attempt += 1
+            logger.debug("attempt %d failed: %s", attempt, self._scrub(failure.reason))
+            if not failure.retry or attempt > self.max_retries:
                 break
+            self._count("retries")
+            time.sleep(self._backoff(attempt))
         self._count("failures")
-        tries = attempt + 1
+        tries = attempt
         error = self._scrub(f"{failure.reason} (after {tries} attempt{'s' * (tries > 1)})")
         logger.warning("http request failed: %s", error)
         return Completion("", ok=False, error=error)
@@ -175,8 +206,36 @@ class HTTPBackend(Backend):
         if status != 200:
             snippet = body[:_BODY_SNIPPET].decode("utf-8", errors="replace")
             retry = status == 429 or status >= 500
-            return _Failure(f"HTTP {status} from {url}: {snippet}", retry=retry)
+            text = body[:4000].decode("utf-8", errors="replace").lower()
+            # llama-cpp-python's server answers a request it cannot validate with a 500 that
+            # names the field; a 5xx that does not name it is an ordinary server error.
+            refused = ((400 <= status < 500 and status != 429
+                        and any(w in text for w in _FORMAT_WORDS))
+                       or (status >= 500 and "response_format" in text))
+            return _Failure(f"HTTP {status} from {url}: {snippet}", retry=retry,
+                            refused_format=refused)
         return _parse(body, url)
+
+    def _guided_form(self, payload: dict, schema: dict | None) -> str | None:
+        """Set `payload["response_format"]` to the first form not refused; the form or None."""
+        payload.pop("response_format", None)
+        if schema is None:
+            return None
+        with self._lock:
+            form = next((f for f in GUIDED_FORMS if f not in self._refused), None)
+        if form is not None:
+            payload["response_format"] = response_format(form, schema)
+        return form
+
+    def _refuse(self, form: str, reason: str) -> None:
+        with self._lock:
+            new = form not in self._refused
+            self._refused.add(form)
+            self.stats["guided_refused"] += 1
+        if new:
+            after = next((f for f in GUIDED_FORMS if f not in self._refused), "plain text")
+            logger.warning("the server refused response_format %r (%s); using %s instead",
+                           form, self._scrub(reason), after)
 
     def _take_index(self) -> int:
         with self._lock:

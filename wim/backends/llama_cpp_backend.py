@@ -54,9 +54,12 @@ class LlamaCppBackend(Backend):
     name = "llama_cpp"
     supports_prefill = True
 
-    def __init__(self, llama, label: str = "", chat_template: str | None = None) -> None:
+    def __init__(self, llama, label: str = "", chat_template: str | None = None,
+                 reuse_prefix: bool = True) -> None:
         llama_cpp = _import_llama_cpp()
         self.llama = llama
+        self.reuse_prefix = reuse_prefix
+        self._prefix: tuple[tuple[int, ...], object] | None = None  # (tokens, saved state)
         self.label = label
         template = chat_template or llama.metadata.get("tokenizer.chat_template")
         if not template:
@@ -118,23 +121,30 @@ class LlamaCppBackend(Backend):
         seed: int = 0,
         prefill: str | list[str] | None = None,
     ) -> list[list[Completion]]:
-        results = []
         prefills = prefill if isinstance(prefill, list) else [prefill] * len(conversations)
-        for i, (conversation, head) in enumerate(zip(conversations, prefills, strict=True)):
-            seeds = [sample_seed(seed, i, j) for j in range(n)]
+        rendered: list[list[int] | str] = []
+        for conversation, head in zip(conversations, prefills, strict=True):
             try:
                 # Tokens, not text: the template already wrote any BOS it wants, as with
                 # transformers' `add_special_tokens=False`.
                 text = self.render(conversation, head)
-                tokens = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+                rendered.append(self.llama.tokenize(text.encode("utf-8"), add_bos=False,
+                                                    special=True))
             except Exception as exc:  # e.g. the template refuses the roles: fail this one only
-                results.append(_failed(n, 0, f"llama.cpp: cannot render the prompt: {exc}"))
-                continue
-            results.append(self._generate_one(tokens, params, seeds))
+                rendered.append(f"llama.cpp: cannot render the prompt: {exc}")
+        split = _shared_prefix([r for r in rendered if not isinstance(r, str)])
+        self._prefix = None  # per call: the weights or the template may differ next time
+        results = []
+        for i, tokens in enumerate(rendered):
+            seeds = [sample_seed(seed, i, j) for j in range(n)]
+            if isinstance(tokens, str):
+                results.append(_failed(n, 0, tokens))
+            else:
+                results.append(self._generate_one(tokens, params, seeds, split))
         return results
 
     def _generate_one(
-        self, tokens: list[int], params: SamplingParams, seeds: list[int]
+        self, tokens: list[int], params: SamplingParams, seeds: list[int], split: int = 0
     ) -> list[Completion]:
         n_ctx = self.llama.n_ctx()
         if len(tokens) >= n_ctx:
@@ -143,14 +153,28 @@ class LlamaCppBackend(Backend):
         # The logits of a prompt depend slightly on how its tokens were batched, and
         # llama-cpp-python's prefix cache batches a repeated prompt differently (it replays only
         # the last token). So every sample takes the same path: the prompt but its last token
-        # is evaluated fresh once per conversation, and each sample evaluates the last token.
-        # Texts then depend only on (prompt, params, seed), never on earlier calls.
+        # is evaluated fresh once per conversation (in two pieces when the call's prompts share
+        # a prefix), and each sample evaluates the last token. Texts then depend only on
+        # (prompt, params, seed), never on earlier calls.
         try:
             self.llama.reset()
-            self.llama.eval(tokens[:-1])
+            self._eval_prefix(tokens[:split])
+            self.llama.eval(tokens[split:-1])
         except Exception as exc:
             return _failed(len(seeds), len(tokens), f"llama.cpp: prompt evaluation failed: {exc}")
         return [self._sample(tokens, params, s) for s in seeds]
+
+    def _eval_prefix(self, prefix: list[int]) -> None:
+        """Evaluate the shared prefix, or restore the state saved after it in this call."""
+        if not prefix:
+            return
+        key = tuple(prefix)
+        if self.reuse_prefix and self._prefix is not None and self._prefix[0] == key:
+            self.llama.load_state(self._prefix[1])
+            return
+        self.llama.eval(prefix)
+        if self.reuse_prefix:
+            self._prefix = (key, self.llama.save_state())
 
     def _sample(self, tokens: list[int], params: SamplingParams, seed: int) -> Completion:
         try:
@@ -179,6 +203,16 @@ class LlamaCppBackend(Backend):
         close = getattr(self.llama, "close", None)
         if close is not None:
             close()
+
+
+def _shared_prefix(token_lists: list[list[int]]) -> int:
+    """Tokens every prompt of the call starts with (0 when too few to be worth a piece)."""
+    from wim.backends.prefix_cache import MIN_PREFIX_TOKENS, common_prefix_length
+
+    if len(token_lists) < 2:
+        return 0
+    length = common_prefix_length(token_lists)
+    return length if length >= MIN_PREFIX_TOKENS else 0
 
 
 def _failed(n: int, prompt_tokens: int, error: str) -> list[Completion]:

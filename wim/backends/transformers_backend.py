@@ -1,7 +1,9 @@
 """Batched generation with a local transformers causal LM.
 
 Left padding, prompts sorted by length, n samples per prompt in one `generate` call. The judge
-format guide (guided.py) makes a local judge write critique and rating in one call.
+format guide (guided.py) makes a local judge write critique and rating in one call. When every
+prompt of a call starts with the same tokens (a judge's instructions), that prefix is read once
+and its KV cache reused by every batch (prefix_cache.py; `reuse_prefix=False` turns it off).
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ class TransformersBackend(Backend):
     supports_guide = True
 
     def __init__(
-        self, model, tokenizer, batch_size: int = 8, label: str = "", without_adapter: bool = False
+        self, model, tokenizer, batch_size: int = 8, label: str = "", without_adapter: bool = False,
+        reuse_prefix: bool = True,
     ) -> None:
         self.model = model
+        self.reuse_prefix = reuse_prefix
+        """Read a prefix shared by all prompts of a call once (prefix_cache.py)."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.label = label
@@ -55,7 +60,8 @@ class TransformersBackend(Backend):
                 "cannot be switched off; a fixed judge would judge with them on"
             )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
-                                   label=self.label, without_adapter=True)
+                                   label=self.label, without_adapter=True,
+                                   reuse_prefix=self.reuse_prefix)
 
     @property
     def context_tokens(self) -> int | None:
@@ -81,23 +87,50 @@ class TransformersBackend(Backend):
 
         prefills = prefill if isinstance(prefill, list) else [prefill] * len(conversations)
         texts = [self.render(c, p) for c, p in zip(conversations, prefills, strict=True)]
-        lengths = [len(self.tokenizer(t).input_ids) for t in texts]
+        token_ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        lengths = [len(ids) for ids in token_ids]
+        prefix = self._prefix_cache(token_ids, n)
         # Sort by length so each batch holds similar lengths and little padding.
         order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
         results: list[list[Completion] | None] = [None] * len(texts)
         for start, end in length_groups([lengths[i] for i in order], self.batch_size):
             idx = order[start:end]
             torch.manual_seed(seed + start)
-            batch = self._generate_batch([texts[i] for i in idx], params, n)
+            if prefix is not None:
+                inputs = prefix.batch([token_ids[i][len(prefix):] for i in idx],
+                                      self.tokenizer.pad_token_id)
+            else:
+                inputs = self._encode([texts[i] for i in idx])
+            batch = self._generate_batch(inputs, params, n)
             for i, completions in zip(idx, batch, strict=True):
                 results[i] = completions
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, texts: list[str], params: SamplingParams, n: int):
+    def _prefix_cache(self, token_ids: list[list[int]], n: int):
+        """The KV cache of the prefix all prompts share, or None (reuse off, several samples
+        per prompt, or a prefix too short to pay for itself)."""
+        from wim.backends.prefix_cache import MIN_PREFIX_TOKENS, PrefixCache, common_prefix_length
+
+        if not self.reuse_prefix or n != 1 or len(token_ids) < 2:
+            return None
+        length = common_prefix_length(token_ids)
+        if length < MIN_PREFIX_TOKENS:
+            return None
+        return PrefixCache(self.model, token_ids[0][:length], self._adapter_context)
+
+    def _adapter_context(self):
+        return adapters_off(self.model) if self.without_adapter else contextlib.nullcontext()
+
+    def _encode(self, texts: list[str]):
+        """(input_ids, attention_mask, None) for left-padded `texts`."""
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc.input_ids.to(self.model.device), enc.attention_mask.to(self.model.device), None
+
+    def _generate_batch(self, inputs, params: SamplingParams, n: int):
         import torch
 
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = enc.to(self.model.device)  # the GPU when the model is on one
+        input_ids, attention_mask, cache = inputs
+        rows = input_ids.shape[0]
         sample = params.temperature > 0
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,
@@ -112,19 +145,20 @@ class TransformersBackend(Backend):
         if params.guide_label:
             from wim.backends.guided import FormatGuide
 
-            guide = FormatGuide(self.tokenizer, enc.input_ids.shape[1], len(texts) * n,
+            guide = FormatGuide(self.tokenizer, input_ids.shape[1], rows * n,
                                 label=params.guide_label,
                                 max_critique_tokens=max(1, params.max_new_tokens - 6),
                                 choices=params.guide_choices)
             kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
-        adapter_off = adapters_off(self.model) if self.without_adapter else contextlib.nullcontext()
-        with torch.inference_mode(), adapter_off:
-            out = self.model.generate(**enc, **kwargs)
-        prompt_len = enc.input_ids.shape[1]
+        if cache is not None:
+            kwargs["cache"] = cache
+        with torch.inference_mode(), self._adapter_context():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        prompt_len = input_ids.shape[1]
         new = out[:, prompt_len:]
         results = []
-        for row in range(len(texts)):
-            prompt_tokens = int(enc.attention_mask[row].sum())
+        for row in range(rows):
+            prompt_tokens = int(attention_mask[row].sum())
             completions = []
             for j in range(n):
                 ids = new[row * n + j]

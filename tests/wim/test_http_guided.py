@@ -1,0 +1,181 @@
+"""The guided judge format over HTTP: `response_format` with the judge's JSON schema, and the
+fall back to plain text where a server refuses it.
+
+The fault (a server that refuses the format) is simulated by a small real HTTP server on
+127.0.0.1; the effect on a real judge is measured against a real llama-cpp-python server with
+the bundled model (`server_url`, tests/conftest.py) through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import QUICKSTART, SHRUNK, run_wim, sets
+
+from wim.backends.http_backend import HTTPBackend
+from wim.judge_prompts import judge_json_schema
+from wim.judges import BackendJudge
+from wim.records import read_records
+
+ITEMS = [("What is 2 + 2?", "4."), ("Name a primary colour.", "Red."),
+         ("What do bees make?", "Honey.")]
+
+
+class FormatServer:
+    """Chat completions that refuse some `response_format` types with `status` and a body
+    naming the field; JSON when a schema is accepted, the two-line text format otherwise."""
+
+    def __init__(self, refuse: tuple[str, ...], status: int = 400,
+                 message: str = "response_format type {} is not supported") -> None:
+        self.refuse, self.status, self.message = refuse, status, message
+        self.seen: list[str | None] = []  # the response_format type of each request
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fmt = body.get("response_format")
+                kind = fmt["type"] if fmt else None
+                with server.lock:
+                    server.seen.append(kind)
+                if kind in server.refuse:
+                    status = server.status
+                    reply = {"error": {"message": server.message.format(kind)}}
+                else:
+                    text = ('{"missing": "the unit", "rating": 6}' if kind
+                            else "Missing: the unit\nRating: 6")
+                    status, reply = 200, {"choices": [{"message": {"content": text}}],
+                                          "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _judge(server: FormatServer, guided: bool = True) -> tuple[BackendJudge, HTTPBackend]:
+    backend = HTTPBackend([server.url], "m", concurrency=1, max_retries=2, backoff_s=0.0)
+    judge = BackendJudge(backend, role="external", model_name="m", max_retries=0,
+                         guided_json=guided)
+    return judge, backend
+
+
+@pytest.mark.parametrize("status", [400, 422, 500])
+def test_refused_schema_falls_back_to_plain_text(status):
+    server = FormatServer(refuse=("json_schema", "json_object"), status=status)
+    try:
+        judge, backend = _judge(server)
+        results = judge.judge(ITEMS)
+    finally:
+        server.close()
+    assert all(r.parse_ok and r.rating == 6 and r.critique == "the unit" for r in results)
+    # Each form is tried once, then every request is plain text; no request failed or retried.
+    assert server.seen == ["json_schema", "json_object", None, None, None]
+    assert backend.stats["guided_refused"] == 2
+    assert backend.stats["failures"] == backend.stats["retries"] == 0
+
+
+def test_second_form_is_used_when_only_the_first_is_refused():
+    server = FormatServer(refuse=("json_schema",))
+    try:
+        judge, backend = _judge(server)
+        results = judge.judge(ITEMS)
+    finally:
+        server.close()
+    assert server.seen == ["json_schema", "json_object", "json_object", "json_object"]
+    assert all(r.parse_ok and r.raw.startswith("{") for r in results)
+    assert backend.stats["guided_refused"] == 1
+
+
+def test_accepted_schema_and_the_switch_off():
+    server = FormatServer(refuse=())
+    try:
+        results = _judge(server)[0].judge(ITEMS)
+        assert server.seen == ["json_schema"] * 3
+        assert all(r.parse_ok and r.raw.startswith("{") for r in results)
+        server.seen.clear()
+        _judge(server, guided=False)[0].judge(ITEMS)
+        assert server.seen == [None] * 3
+    finally:
+        server.close()
+
+
+def test_a_server_error_that_does_not_name_the_format_is_no_refusal():
+    server = FormatServer(refuse=("json_schema", "json_object"), status=503,
+                          message="server overloaded")
+    try:
+        judge, backend = _judge(server)
+        results = judge.judge(ITEMS[:1])
+    finally:
+        server.close()
+    # An ordinary 5xx is retried (3 attempts, all with the schema), then a backend failure.
+    assert server.seen == ["json_schema"] * 3
+    assert results[0].backend_failed and backend.stats["guided_refused"] == 0
+
+
+def test_schema_matches_the_parser():
+    schema = judge_json_schema("wim")
+    assert schema["required"] == ["missing", "rating"]
+    assert judge_json_schema("numeric")["required"] == ["rating"]
+
+
+@pytest.mark.slow
+def test_guided_format_on_a_real_llama_cpp_server(server_url: str, tmp_path: Path) -> None:
+    """The bundled judge over HTTP, as configs/http_judge.yaml sets it up (128 new tokens):
+    plain text almost never parses; the guided format almost always does."""
+    rates = {}
+    for guided in (False, True):
+        out = tmp_path / f"guided_{guided}"
+        overrides = [*SHRUNK, "judge.role=external", "judge.backend=http",
+                     f"http.base_urls=[{server_url}]", "http.model=smollm2",
+                     "http.timeout_s=120", "judge.max_new_tokens=128", "judge.max_retries=0",
+                     f"judge.guided_json={str(guided).lower()}"]
+        run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+                 *sets(overrides)])
+        judgements = read_records(out / "judgements.jsonl")
+        report = json.loads((out / "report.json").read_text())
+        assert len(judgements) == 8 and report["http/judge/failures"] == 0
+        rates[guided] = sum(not j["parse_ok"] for j in judgements) / len(judgements)
+        if guided:
+            # llama-cpp-python's server refuses OpenAI's json_schema form (once per request
+            # already in flight), then takes the json_object form with the schema: every
+            # verdict is JSON.
+            assert 1 <= report["http/judge/guided_refused"] <= 8
+            assert all(j["raw_judge_text"].lstrip().startswith("{") for j in judgements)
+    assert rates[False] >= 0.75, rates
+    assert rates[True] <= 0.25, rates
+
+
+@pytest.mark.parametrize(("text", "critique", "rating", "ok"), [
+    ('{"missing": "the unit", "rating": 6}', "the unit", 6, True),
+    ('```json\n{"missing": "None", "rating": 10}\n```', "", 10, True),
+    ('{ "missing": "a\nraw newline" ,"rating" : 4} ', "a raw newline", 4, True),
+    ('{"missing": "the unit", "rating": 1000000000000000}', "the unit", None, False),
+    ('{"missing": "the unit", "rating": 7.5}', "the unit", None, False),
+    ('{"missing": null, "rating": 6}', None, 6, False),
+    # An echoed rubric inside the JSON is still an echoed rubric.
+    ('{"missing": "10 = nothing important missing, 7-9 = minor points", "rating": 8}',
+     None, 8, False),
+])
+def test_parser_reads_the_json_form(text, critique, rating, ok):
+    from wim.parsing import parse_judgement
+
+    parsed = parse_judgement(text)
+    assert (parsed.critique, parsed.rating, parsed.ok) == (critique, rating, ok)

@@ -1,0 +1,78 @@
+"""Shared-prefix KV reuse (wim/backends/prefix_cache.py): the same greedy judgements with and
+without it, on the real bundled model; the reuse path really runs; prefix arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from wim.backends import TransformersBackend
+from wim.backends.prefix_cache import MIN_PREFIX_TOKENS, PrefixCache, common_prefix_length
+from wim.judges import BackendJudge
+
+# Different lengths, so that the batches hold left padding between the prefix and the suffix.
+ITEMS = [
+    ("Why is the sky blue?", "Because of the sun."),
+    ("What is 2 + 2?", "4, because two and two make four."),
+    ("Explain why ice floats on water.",
+     "Ice is less dense than liquid water: its molecules form an open hexagonal lattice."),
+    ("Give me tips for sleeping better.", "Sleep."),
+    ("What is compound interest?",
+     "Interest on the interest: each period the interest is added to the principal, so the "
+     "next period earns interest on a larger sum, and the balance grows exponentially."),
+]
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    # At least one token of each list stays after the prefix.
+    assert common_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2
+    assert common_prefix_length([[7, 8], [9]]) == 0
+    assert common_prefix_length([]) == 0
+
+
+@pytest.mark.slow
+def test_same_greedy_judgements_with_and_without_reuse(monkeypatch) -> None:
+    backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=3)
+    batches = []
+    real = PrefixCache.batch
+    monkeypatch.setattr(PrefixCache, "batch",
+                        lambda self, suffixes, pad: batches.append((len(self), len(suffixes)))
+                        or real(self, suffixes, pad))
+    raws = {}
+    for reuse in (False, True):
+        view = backend.reference_view()
+        view.reuse_prefix = reuse
+        judge = BackendJudge(view, role="fixed", model_name="bundled", max_new_tokens=32,
+                             max_retries=0)
+        raws[reuse] = [r.raw for r in judge.judge(ITEMS, seed=1)]
+        assert bool(batches) == reuse  # the reuse path ran only when switched on
+    # Two batches (3 + 2) after one prefix of the instructions (well over the minimum).
+    assert [n for _, n in batches] == [3, 2]
+    assert all(length >= max(MIN_PREFIX_TOKENS, 150) for length, _ in batches)
+    assert raws[True] == raws[False]
+    assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
+
+
+@pytest.mark.slow
+def test_llama_cpp_same_judgements_with_and_without_reuse(monkeypatch) -> None:
+    pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
+    from wim.backends.llama_cpp_backend import LlamaCppBackend
+
+    backend = LlamaCppBackend.load("bundled:smollm2-135m-instruct", n_threads=1)
+    restored = []
+    real = backend.llama.load_state
+    monkeypatch.setattr(backend.llama, "load_state", lambda s: restored.append(1) or real(s))
+    raws = {}
+    try:
+        for reuse in (False, True):
+            backend.reuse_prefix = reuse
+            judge = BackendJudge(backend, role="fixed", model_name="bundled", max_new_tokens=24,
+                                 max_retries=0)
+            raws[reuse] = [r.raw for r in judge.judge(ITEMS, seed=1)]
+            # Two calls (critique, then rating); the prefix is evaluated once per call and
+            # restored for the other four prompts.
+            assert len(restored) == (8 if reuse else 0)
+    finally:
+        backend.close()
+    assert raws[True] == raws[False]
+    assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])

@@ -1,0 +1,76 @@
+"""Shared-prefix KV reuse for the transformers backend.
+
+Every judge prompt starts with the same tokens (the chat template and the judge's instructions,
+about 200 tokens), so reading that prefix again for each batch repeats the same work. Here the
+prefix is run once per `generate` call and its key/value cache is copied into every batch.
+
+Layout of a batch with a shared prefix of P tokens (the rest, the suffix, left-padded):
+
+    [prefix: P tokens][pad ... pad][suffix tokens of this row]
+    mask: 1 ... 1      0 ... 0      1 ... 1
+
+transformers derives the position ids from the mask (cumulative sum), so a row's suffix sits at
+positions P, P+1, ... as in the unpadded prompt, and the padding in the middle is masked out of
+attention. The model then computes the same function as for the left-padded full prompt; greedy
+outputs are the same up to float rounding (tests/wim/test_prefix_cache.py and
+tests/benchmarks/bench_judge.py check that they are identical on real judge prompts).
+
+The cache lives for one `generate` call only: the weights may change between calls (a changing
+judge is the policy being trained), and the prefix is cheap to recompute once per call.
+"""
+
+from __future__ import annotations
+
+import copy
+
+MIN_PREFIX_TOKENS = 32
+"""Below this a shared prefix is not worth the copy (a policy prompt shares only the template)."""
+
+
+def common_prefix_length(token_lists: list[list[int]]) -> int:
+    """Tokens that every list starts with, leaving at least one token of each list after it
+    (the model must read one token of its own to predict the next)."""
+    if not token_lists:
+        return 0
+    limit = min(len(ids) for ids in token_lists) - 1
+    first = token_lists[0]
+    length = 0
+    while length < limit and all(ids[length] == first[length] for ids in token_lists):
+        length += 1
+    return max(length, 0)
+
+
+class PrefixCache:
+    """The KV cache of one token prefix, computed once, copied per batch."""
+
+    def __init__(self, model, prefix_ids: list[int], adapter_context) -> None:
+        import torch
+        from transformers import DynamicCache
+
+        self.prefix_ids = list(prefix_ids)
+        ids = torch.tensor([self.prefix_ids], dtype=torch.long, device=model.device)
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode(), adapter_context():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
+                  use_cache=True)
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.prefix_ids)
+
+    def batch(self, suffixes: list[list[int]], pad_id: int):
+        """(input_ids, attention_mask, cache) for one batch of suffixes after the prefix."""
+        import torch
+
+        width = max(len(s) for s in suffixes)
+        rows, masks = [], []
+        for suffix in suffixes:
+            pad = width - len(suffix)
+            rows.append(self.prefix_ids + [pad_id] * pad + list(suffix))
+            masks.append([1] * len(self.prefix_ids) + [0] * pad + [1] * len(suffix))
+        device = self.cache.layers[0].keys.device
+        input_ids = torch.tensor(rows, dtype=torch.long, device=device)
+        attention_mask = torch.tensor(masks, dtype=torch.long, device=device)
+        cache = copy.deepcopy(self.cache)
+        cache.batch_repeat_interleave(len(suffixes))
+        return input_ids, attention_mask, cache
