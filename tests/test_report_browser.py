@@ -45,19 +45,27 @@ INJECTED = (f"{MARKER} </script><script>window.__pwned=1;document.title='pwned'<
 SMALL = ["generation.max_new_tokens=16", "generation.batch_size=2", "judge.max_new_tokens=24",
          "judge.max_retries=1",
          # Failed judgements are still scored (as the authors did), so every prompt gives a pair
-         # and the browser has both pairs and marked parse failures.
+         # and the browser has both pairs and marked parse failures (real ones, if any, and the
+         # planted one).
          "judge.on_parse_failure=authors"]
+
+
+# The guided judge rarely fails to parse any more, so one failure is planted (a critique that
+# failed while its rating held, a state the judge really records) for the failure filter.
+PLANTED_FAILURE = ("his-1", 1)
 
 
 def _plant(run: Path) -> None:
     """Put the injected text into one response and one critique of every record file, as a
-    hostile model (or another tool writing the records) might."""
+    hostile model (or another tool writing the records) might, and mark one parse failure."""
     for name in ("judgements.jsonl", "scores.jsonl"):
         records = read_records(run / name)
         for r in records:
             if (r["prompt_id"], r["sample_idx"]) == ("sci-1", 0):
                 r["response"] = INJECTED
                 r["critique"] = INJECTED
+            if (r["prompt_id"], r["sample_idx"]) == PLANTED_FAILURE:
+                r["parse_ok"], r["parse_error"] = False, "no critique found (planted by the test)"
             if not r["parse_ok"]:
                 r["raw_judge_text"] = f"{r['raw_judge_text']} <script>window.__pwned=5</script>"
         write_records_atomic(run / name, records)
