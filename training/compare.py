@@ -26,13 +26,10 @@ from pathlib import Path
 from training.evaluate import (
     System,
     adapter_of,
-    blind_comparisons,
+    compare_systems,
     comparison_table,
-    eval_report,
-    generate_answers,
     held_out_prompts,
 )
-from wim.blind import open_blind_evaluator
 from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
@@ -148,13 +145,7 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
     systems.append(System("base", cfg.policy.model, None))
     pairs = [(f"{n} vs base", n, "base") for n in names]
     pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)]
-    answers = generate_answers(cfg, systems, prompts, progress)
-    evaluator = open_blind_evaluator(cfg.blind)
-    try:
-        outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
-    finally:
-        evaluator.close()
-    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
     folder = shared.path.parent / "eval"
     folder.mkdir(exist_ok=True)
     for name, rows in (("answers", [r for rs in answers.values() for r in rs]),

@@ -243,6 +243,19 @@ def eval_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, progress: bool):
+    """Answers from every system, blind verdicts on every pair, the report (Holm over all):
+    (report, answers, verdict records)."""
+    answers = generate_answers(cfg, systems, prompts, progress)
+    evaluator = open_blind_evaluator(cfg.blind)
+    try:
+        outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
+    finally:
+        evaluator.close()
+    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    return report, answers, records
+
+
 def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: int | None = None,
                  progress: bool = True) -> dict:
     """Evaluate DIR's policy against its base and against each `against` run's policy."""
@@ -255,12 +268,6 @@ def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: in
         name = f"policy of {other.path.name}"
         systems.append(System(name, other.load_config().policy.model, adapter_of(other)))
         pairs.append((f"policy vs {name}", "policy", name))
-    answers = generate_answers(cfg, systems, prompts, progress)
-    evaluator = open_blind_evaluator(cfg.blind)
-    try:
-        outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
-    finally:
-        evaluator.close()
-    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
     write_eval(run.path, report, answers, records)
     return report
