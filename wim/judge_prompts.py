@@ -62,8 +62,12 @@ def load_template(mode: str, prompt: str = "ours") -> str:
 
 
 def build_judge_instructions(criteria: str, mode: str = "wim", prompt: str = "ours") -> str:
-    """The judge instructions with `criteria` (what the judge weighs) filled in."""
-    return load_template(mode, prompt).format(criteria=criteria.strip())
+    """The judge instructions with `criteria` (what the judge weighs) filled in; without
+    criteria the sentence that names them is left out (not "Weigh .")."""
+    template = load_template(mode, prompt)
+    if not criteria.strip():
+        template = template.replace(" Weigh {criteria}.", "")
+    return template.format(criteria=criteria.strip())
 
 
 def format_question_answer(prompt: str, response: str) -> str:

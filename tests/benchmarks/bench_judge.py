@@ -4,12 +4,15 @@
 
 The bundled policy first answers N prompts (16, 8 with --quick) x 2 samples (not timed). The
 same fixed judge, the quickstart's (wim mode, instructions in the system message, guided
-format, batch 32, 32 new tokens), then judges every answer greedily, once reading the shared
-instructions once per call (`reuse_prefix=True`, wim/backends/prefix_cache.py) and once reading
-them for every judgement, each twice, alternating (the faster run of each counts). Retries are
-off, so every run judges exactly the same inputs in one greedy pass. Printed: judgements/s of
-each, the ratio, and whether the raw judge texts are identical (they must be). Written to
-tests/benchmarks/results/judge.txt. Not a test: the file name keeps pytest from collecting it.
+format, batch 32, 32 new tokens, the pipeline's default criteria), then judges every answer
+greedily, each way twice, alternating (the faster run of each counts):
+`reuse_prefix=True` reads the shared instructions once per call (wim/backends/prefix_cache.py)
+and decodes each batch from their KV cache, finished rows leaving the batch
+(wim/backends/decode.py); `reuse_prefix=False` is transformers' `generate` on whole prompts.
+Retries are off, so every run judges exactly the same inputs in one greedy pass. Printed:
+judgements/s of each, the ratio, and whether the raw judge texts are identical (they must be).
+Written to tests/benchmarks/results/judge.txt. Not a test: the file name keeps pytest from
+collecting it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main() -> None:
     import torch
 
     from wim.backends import SamplingParams, TransformersBackend
+    from wim.config import JudgeConfig
     from wim.judges import BackendJudge
     from wim.models import BUNDLED_POLICY, load_causal_lm
 
@@ -58,7 +62,7 @@ def main() -> None:
     for reuse in (True, False, True, False):
         backend = TransformersBackend(model, tokenizer, batch_size=32, reuse_prefix=reuse)
         judge = BackendJudge(backend, role="fixed", model_name=BUNDLED_POLICY,
-                             max_new_tokens=32, max_retries=0)
+                             criteria=JudgeConfig().criteria, max_new_tokens=32, max_retries=0)
         start = time.perf_counter()
         results = judge.judge(items, seed=0)
         seconds = time.perf_counter() - start

@@ -375,3 +375,13 @@ def test_authors_prompt_asks_for_their_structure_in_the_system_turn() -> None:
     with pytest.raises(ValueError, match="mode 'wim'"):
         build_judge_messages(QUESTION, ANSWER, criteria="c", mode="numeric",
                              prompt_style="authors")
+
+
+@pytest.mark.parametrize("mode", ["wim", "numeric"])
+def test_instructions_without_criteria_leave_out_the_sentence_naming_them(mode: str) -> None:
+    from wim.judge_prompts import build_judge_instructions
+
+    assert "Weigh accuracy." in build_judge_instructions("accuracy", mode)
+    empty = build_judge_instructions("  ", mode)
+    assert "Weigh" not in empty and " ." not in empty
+    assert empty.startswith(build_judge_instructions("accuracy", mode).split(" Weigh")[0])

@@ -31,26 +31,36 @@ def test_common_prefix_length():
 
 
 @pytest.mark.slow
-def test_same_greedy_judgements_with_and_without_reuse(monkeypatch) -> None:
+@pytest.mark.parametrize("mode, prompt", [("wim", "ours"), ("numeric", "ours"), ("wim", "authors")])
+def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt) -> None:
+    """wim: the guided format (a stateful logits processor); numeric and authors: stop strings."""
+    from transformers import StaticCache
+
     backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=3)
-    batches = []
-    real = PrefixCache.batch
+    batches, kept = [], []
+    real_batch, real_reorder = PrefixCache.batch, StaticCache.reorder_cache
     monkeypatch.setattr(PrefixCache, "batch",
-                        lambda self, suffixes, pad: batches.append((len(self), len(suffixes)))
-                        or real(self, suffixes, pad))
+                        lambda self, suffixes, *args: batches.append((len(self), len(suffixes)))
+                        or real_batch(self, suffixes, *args))
+    monkeypatch.setattr(StaticCache, "reorder_cache",
+                        lambda self, keep: kept.append(len(keep)) or real_reorder(self, keep))
     raws = {}
     for reuse in (False, True):
         view = backend.reference_view()
         view.reuse_prefix = reuse
-        judge = BackendJudge(view, role="fixed", model_name="bundled", max_new_tokens=32,
-                             max_retries=0)
+        judge = BackendJudge(view, role="fixed", model_name="bundled", mode=mode, prompt=prompt,
+                             criteria="accuracy", max_new_tokens=32, max_retries=0)
         raws[reuse] = [r.raw for r in judge.judge(ITEMS, seed=1)]
         assert bool(batches) == reuse  # the reuse path ran only when switched on
-    # Two batches (3 + 2) after one prefix of the instructions (well over the minimum).
-    assert [n for _, n in batches] == [3, 2]
-    assert all(length >= max(MIN_PREFIX_TOKENS, 150) for length, _ in batches)
+    calls = {"ours": 1, "authors": 3}[prompt]  # the authors' format takes three calls
+    # Per call: two batches (3 + 2) after one prefix of the instructions (over the minimum).
+    assert [n for _, n in batches] == [3, 2] * calls
+    assert all(length >= max(MIN_PREFIX_TOKENS, 100) for length, _ in batches)
     assert raws[True] == raws[False]
-    assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
+    if mode == "wim" and prompt == "ours":
+        assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
+        # Rows that finished early left their batch (wim/backends/decode.py) while others ran on.
+        assert kept and all(0 < n < 3 for n in kept)
 
 
 @pytest.mark.slow

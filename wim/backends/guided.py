@@ -69,6 +69,10 @@ class FormatGuide(LogitsProcessor):
         return bool(self.choices) and value in self.choices and not any(
             len(c) > len(value) and c[:len(value)] == value for c in self.choices)
 
+    def keep_rows(self, indices: list[int]) -> None:
+        """Only rows `indices` stay in the batch (wim/backends/decode.py drops finished ones)."""
+        self.rows = [self.rows[i] for i in indices]
+
     def stopper(self) -> StoppingCriteria:
         guide = self
 

@@ -21,8 +21,6 @@ judge is the policy being trained), and the prefix is cheap to recompute once pe
 
 from __future__ import annotations
 
-import copy
-
 MIN_PREFIX_TOKENS = 32
 """Below this a shared prefix is not worth the copy (a policy prompt shares only the template)."""
 
@@ -54,13 +52,21 @@ class PrefixCache:
             model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
                   use_cache=True)
         self.cache = cache
+        self.config = model.config
 
     def __len__(self) -> int:
         return len(self.prefix_ids)
 
-    def batch(self, suffixes: list[list[int]], pad_id: int):
-        """(input_ids, attention_mask, cache) for one batch of suffixes after the prefix."""
+    def batch(self, suffixes: list[list[int]], pad_id: int, max_new_tokens: int):
+        """(input_ids, attention_mask, cache) for one batch of suffixes after the prefix.
+
+        The cache is a `StaticCache` sized for the whole call (prefix, widest suffix, new
+        tokens), its first positions holding the prefix for every row. A growing cache would
+        copy every layer's keys and values into a new tensor at each new token: on a CPU that
+        copying took a third of each judge decoding step.
+        """
         import torch
+        from transformers import StaticCache
 
         width = max(len(s) for s in suffixes)
         rows, masks = [], []
@@ -71,6 +77,8 @@ class PrefixCache:
         device = self.cache.layers[0].keys.device
         input_ids = torch.tensor(rows, dtype=torch.long, device=device)
         attention_mask = torch.tensor(masks, dtype=torch.long, device=device)
-        cache = copy.deepcopy(self.cache)
-        cache.batch_repeat_interleave(len(suffixes))
+        cache = StaticCache(config=self.config, max_cache_len=len(rows[0]) + max_new_tokens)
+        for layer, prefix in zip(cache.layers, self.cache.layers, strict=True):
+            batch = (len(rows), *prefix.keys.shape[1:])
+            layer.update(prefix.keys.expand(batch), prefix.values.expand(batch))
         return input_ids, attention_mask, cache

@@ -98,7 +98,7 @@ class TransformersBackend(Backend):
             torch.manual_seed(seed + start)
             if prefix is not None:
                 inputs = prefix.batch([token_ids[i][len(prefix):] for i in idx],
-                                      self.tokenizer.pad_token_id)
+                                      self.tokenizer.pad_token_id, params.max_new_tokens)
             else:
                 inputs = self._encode([texts[i] for i in idx])
             batch = self._generate_batch(inputs, params, n)
@@ -126,22 +126,40 @@ class TransformersBackend(Backend):
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return enc.input_ids.to(self.model.device), enc.attention_mask.to(self.model.device), None
 
+    def _generate(self, input_ids, attention_mask, params: SamplingParams, n: int, processors,
+                  criteria):
+        """New tokens from `transformers`' own `generate` (n samples per row)."""
+        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=params.temperature > 0,
+                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id)
+        if params.temperature > 0:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if processors:
+            kwargs.update(logits_processor=processors, stopping_criteria=criteria)
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return out[:, input_ids.shape[1]:]
+
+    def _decode_after_prefix(self, inputs, params: SamplingParams, processors, criteria):
+        from transformers import StopStringCriteria
+
+        from wim.backends.decode import decode
+
+        input_ids, attention_mask, cache = inputs
+        if params.stop:
+            criteria = [*criteria, StopStringCriteria(self.tokenizer, list(params.stop))]
+        return decode(self.model, input_ids, attention_mask, cache,
+                      cached=int(cache.get_seq_length()), max_new_tokens=params.max_new_tokens,
+                      eos_id=self.tokenizer.eos_token_id,
+                      pad_id=self.tokenizer.pad_token_id, temperature=params.temperature,
+                      top_p=params.top_p, processors=processors, criteria=criteria)
+
     def _generate_batch(self, inputs, params: SamplingParams, n: int):
         import torch
 
         input_ids, attention_mask, cache = inputs
         rows = input_ids.shape[0]
-        sample = params.temperature > 0
-        kwargs = dict(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=sample,
-            num_return_sequences=n,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-        if sample:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p)
-        if params.stop:
-            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        processors, criteria = [], []
         if params.guide_label:
             from wim.backends.guided import FormatGuide
 
@@ -149,13 +167,12 @@ class TransformersBackend(Backend):
                                 label=params.guide_label,
                                 max_critique_tokens=max(1, params.max_new_tokens - 6),
                                 choices=params.guide_choices)
-            kwargs.update(logits_processor=[guide], stopping_criteria=[guide.stopper()])
-        if cache is not None:
-            kwargs["cache"] = cache
+            processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        prompt_len = input_ids.shape[1]
-        new = out[:, prompt_len:]
+            if cache is not None:  # after a shared prefix: finished rows leave the batch
+                new = self._decode_after_prefix(inputs, params, processors, criteria)
+            else:
+                new = self._generate(input_ids, attention_mask, params, n, processors, criteria)
         results = []
         for row in range(rows):
             prompt_tokens = int(attention_mask[row].sum())
