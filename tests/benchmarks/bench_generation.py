@@ -1,11 +1,14 @@
 """Generation throughput on the bundled SmolLM2-135M: naive loop vs our backends, one run.
 
-    python tests/benchmarks/bench_generation.py [--quick]
+    python tests/benchmarks/bench_generation.py [--quick] [--llama-build NAME=DIR ...]
 
 32 prompts (8 with --quick) x 4 samples x up to 64 new tokens, sampling at temperature 0.8:
 (a) the naive loop, one prompt at a time, `model.generate(num_return_sequences=1)` 4 times;
 (b) `TransformersBackend` with batch sizes 8 and 16, n=4 per call;
-(c) `LlamaCppBackend` (when llama-cpp-python is installed).
+(c) `LlamaCppBackend` (when llama-cpp-python is installed), and the same with each other build
+    of llama-cpp-python given as `--llama-build NAME=DIR`, DIR holding its `llama_cpp` package
+    (e.g. `pip install --no-deps --target DIR llama-cpp-python==0.3.36` under other CMAKE_ARGS);
+    each build runs in its own process, and the table names the CPU features it was built with.
 Throughput counts the tokens actually generated (up to and including EOS), never padding.
 The table is printed and written to tests/benchmarks/results/generation.txt. Not a test: the
 file name keeps pytest from collecting it.
@@ -17,6 +20,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -117,7 +122,13 @@ def backend_run(backend, convs, params) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 prompts instead of 32")
+    parser.add_argument("--llama-build", action="append", default=[], metavar="NAME=DIR",
+                        help="also time the llama-cpp-python build installed in DIR")
+    parser.add_argument("--llama-only", type=int, help=argparse.SUPPRESS)  # the subprocess
     args = parser.parse_args()
+    if args.llama_only:
+        print(json.dumps(llama_run(args.llama_only)))
+        return
 
     import torch
 
@@ -135,6 +146,7 @@ def main() -> None:
     warm.generate(convs[:2], SamplingParams(max_new_tokens=4), n=2)  # first-call overheads
 
     rows: list[tuple[str, float, int, float]] = []
+    features: list[str] = []
 
     def record(label: str, run: Callable[[], int]) -> None:
         seconds, tokens = timed(run)
@@ -150,22 +162,61 @@ def main() -> None:
             f"TransformersBackend bs={batch_size}, n=4",
             lambda b=backend: backend_run(b, convs, params),
         )
-    try:
-        from wim.backends.llama_cpp_backend import LlamaCppBackend
-
-        llama = LlamaCppBackend.load(BUNDLED_POLICY, n_threads=2)
-    except ImportError as exc:
-        print(f"  skipping llama.cpp: {exc}")
-    else:
-        llama.generate(convs[:1], SamplingParams(max_new_tokens=4))
-        record("LlamaCppBackend (n_threads=2)", lambda: backend_run(llama, convs, params))
-        llama.close()
+    builds = [("installed", None), *(b.split("=", 1) for b in args.llama_build)]
+    for name, folder in builds:
+        result = llama_in_subprocess(folder, len(prompts))
+        if "error" in result:
+            print(f"  skipping llama.cpp ({name}): {result['error']}")
+            continue
+        rows.append((f"LlamaCppBackend {name}", result["seconds"], result["tokens"],
+                     os.getloadavg()[0]))
+        features.append(f"llama.cpp {name}: {result['features']}")
+        print(f"  {rows[-1][0]}: {result['tokens']} tokens in {result['seconds']:.1f} s",
+              flush=True)
 
     table = format_table(rows, len(prompts), load_start, os.getloadavg()[0])
+    table += "".join(f"\n{line}" for line in features)
     print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(table + "\n")
     print(f"written to {RESULTS.relative_to(ROOT)}")
+
+
+def llama_in_subprocess(folder: str | None, n_prompts: int) -> dict:
+    """`llama_run` in a fresh process whose `llama_cpp` is the build in `folder` (None: the
+    installed one): two builds cannot share one process, and a crash stays in its own."""
+    env = dict(os.environ)
+    if folder:
+        env["PYTHONPATH"] = os.pathsep.join([folder, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, __file__, "--llama-only", str(n_prompts)], env=env,
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    return json.loads(lines[-1])
+
+
+def llama_run(n_prompts: int) -> dict:
+    """Time `LlamaCppBackend` on the benchmark's prompts with this process's llama_cpp."""
+    try:
+        import llama_cpp
+
+        from wim.backends import SamplingParams
+        from wim.backends.llama_cpp_backend import LlamaCppBackend
+        from wim.models import BUNDLED_POLICY
+    except ImportError as exc:
+        return {"error": str(exc)}
+    convs = [[{"role": "user", "content": p}] for p in load_prompts(n_prompts)]
+    llama = LlamaCppBackend.load(BUNDLED_POLICY, n_threads=2)
+    llama.generate(convs[:1], SamplingParams(max_new_tokens=4))
+    params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
+    seconds, tokens = timed(lambda: backend_run(llama, convs, params))
+    llama.close()
+    info = llama_cpp.llama_print_system_info().decode()
+    # "CPU : SSE3 = 1 | AVX = 1 | ..." -> "SSE3 AVX ..."
+    flags = [f.split(":")[-1].split("=")[0].strip() for f in info.split("|")
+             if f.strip().endswith("= 1")]
+    return {"seconds": seconds, "tokens": tokens, "features": " ".join(flags)}
 
 
 def format_table(rows, n_prompts: int, load_start: float, load_end: float) -> str:
