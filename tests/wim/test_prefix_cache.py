@@ -86,3 +86,29 @@ def test_llama_cpp_same_judgements_with_and_without_reuse(monkeypatch) -> None:
         backend.close()
     assert raws[True] == raws[False]
     assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
+
+
+@pytest.mark.slow
+def test_sampling_after_a_shared_prefix_follows_the_seed(monkeypatch) -> None:
+    """A judge's retries sample (temperature 0.7) in the same decoding loop: a seed gives the
+    same texts again, another seed other texts."""
+    import wim.backends.decode as decode_module
+    from wim.backends import SamplingParams
+
+    calls = []
+    real = decode_module.decode
+    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: calls.append(k) or real(*a, **k))
+
+    backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+    system = {"role": "system", "content": "You answer in one short sentence. " * 8}
+    convs = [[system, {"role": "user", "content": q}] for q, _ in ITEMS]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9)
+
+    def texts(seed: int) -> list[str]:
+        return [row[0].text for row in backend.generate(convs, params, seed=seed)]
+
+    first = texts(3)
+    assert calls and calls[0]["temperature"] == 1.0  # the loop after the prefix sampled
+    assert texts(3) == first
+    assert texts(4) != first
+    assert all(first)
