@@ -11,7 +11,9 @@ STEP := tools/step
 OUT ?= runs/quickstart
 
 # llama-cpp-python compiles from source. GGML_NATIVE=OFF: a build tuned to the building CPU
-# (e.g. its AVX-512 kernels) segfaults on other CPUs; this one needs only AVX2/FMA/F16C.
+# (e.g. its AVX-512 kernels) segfaults on other CPUs; this one needs only AVX2/FMA/F16C/BMI2,
+# which ggml turns on by default once NATIVE is off, and on an AVX2 CPU it is as fast as a native
+# build (measured: tests/benchmarks/results/generation.txt).
 # LLAVA_BUILD=OFF: we never load the multimodal library, so skip compiling it.
 # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS, so a cached native wheel would win.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
