@@ -185,11 +185,15 @@ def main() -> None:
 def llama_in_subprocess(folder: str | None, n_prompts: int) -> dict:
     """`llama_run` in a fresh process whose `llama_cpp` is the build in `folder` (None: the
     installed one): two builds cannot share one process, and a crash stays in its own."""
-    env = dict(os.environ)
+    env, cwd = dict(os.environ), None
     if folder:
         env["PYTHONPATH"] = os.pathsep.join([folder, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--llama-only", str(n_prompts)], env=env,
-                          capture_output=True, text=True)
+        # A GGML_BACKEND_DL build keeps its CPU variants in bin/; ggml looks for them next to
+        # the Python executable (where a venv install puts them) or in the working directory.
+        if Path(folder, "bin").is_dir():
+            cwd = str(Path(folder, "bin"))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--llama-only",
+                           str(n_prompts)], env=env, cwd=cwd, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
