@@ -2,18 +2,20 @@
 
 Every judge prompt starts with the same tokens (the chat template and the judge's instructions,
 about 200 tokens), so reading that prefix again for each batch repeats the same work. Here the
-prefix is run once per `generate` call and its key/value cache is copied into every batch.
+prefix is run once per `generate` call and its key/value cache is written into every batch's
+`StaticCache`; decode.py then decodes the batch.
 
 Layout of a batch with a shared prefix of P tokens (the rest, the suffix, left-padded):
 
     [prefix: P tokens][pad ... pad][suffix tokens of this row]
     mask: 1 ... 1      0 ... 0      1 ... 1
 
-transformers derives the position ids from the mask (cumulative sum), so a row's suffix sits at
-positions P, P+1, ... as in the unpadded prompt, and the padding in the middle is masked out of
-attention. The model then computes the same function as for the left-padded full prompt; greedy
-outputs are the same up to float rounding (tests/wim/test_prefix_cache.py and
-tests/benchmarks/bench_judge.py check that they are identical on real judge prompts).
+The position ids follow from the mask (its cumulative sum, as in transformers' `generate`), so
+a row's suffix sits at positions P, P+1, ... as in the unpadded prompt, and the padding in the
+middle is masked out of attention. The model then computes the same function as for the
+left-padded full prompt; greedy outputs are the same up to float rounding
+(tests/wim/test_prefix_cache.py and tests/benchmarks/bench_judge.py check that they are
+identical on real judge prompts).
 
 The cache lives for one `generate` call only: the weights may change between calls (a changing
 judge is the policy being trained), and the prefix is cheap to recompute once per call.
