@@ -26,11 +26,13 @@ STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
     "generate": ((), (), ("samples.jsonl",)),
     "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
     "score": (("scoring", "judge.on_parse_failure"), ("judgements.jsonl",), ("scores.jsonl",)),
-    "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
+    # The card shows the scoring and judge settings; agreement.json uses validity's zetas.
+    "pairs": (("pairs", "export", "scoring", "judge.on_parse_failure", "eval.compare_zetas"),
+              ("scores.jsonl",), ("pairs.jsonl", "pairs/README.md", "pairs.README.md")),
     "train": (("lora", "dpo", "wandb", "training"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
     "report": (("scoring", "pairs", "wandb"),
-               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json",
+               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json", "agreement.json",
                 "train/log_history.json", *_STATS),
                ("report.json", "report.md", "report.html")),
 }

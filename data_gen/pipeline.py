@@ -67,15 +67,41 @@ class Resources:
         self._judge: BackendJudge | None = None
         self._prompts = None
         self._held_out = None
+        self._source = None  # (SourceSet, sha256) of generation.source
         self._lm = None  # (model, tokenizer) of a transformers policy
         self._adapter: str | None = None  # the adapter folder whose weights the model holds
 
     def prompts(self):
-        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py)."""
+        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py).
+        With `generation.source`, the source's prompts that have two or more responses."""
         if self._prompts is None:
-            p = self.cfg.prompts
-            self._prompts, self._held_out = load_split(p.source, p.split, p.limit, p.holdout)
+            if self.cfg.generation.source is not None:
+                self._prompts = [sp.prompt for sp in self.source()[0].prompts]
+                self._held_out = []
+            else:
+                p = self.cfg.prompts
+                self._prompts, self._held_out = load_split(p.source, p.split, p.limit,
+                                                           p.holdout)
         return self._prompts
+
+    def source(self):
+        """(SourceSet, its content sha256) of `generation.source`, read once."""
+        if self._source is None:
+            from wim.sources import load_source, source_sha256
+
+            g = self.cfg.generation
+            sha = source_sha256(g.source, g.source_split)
+            self._source = (load_source(g.source, g.source_split, g.source_shape,
+                                        g.source_columns, self.cfg.prompts.limit), sha)
+        return self._source
+
+    def inputs_sha256(self) -> str:
+        """What the generate and judge stages read beyond the config: the prompts, and the
+        content of `generation.source` when set."""
+        sha = prompts_sha256(self.prompts())
+        if self.cfg.generation.source is not None:
+            sha = f"{sha}:{self.source()[1]}"
+        return sha
 
     def held_out(self):
         self.prompts()
@@ -194,7 +220,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
         for stage in stages:
             if stage not in runners:
                 raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(runners)}")
-            prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
+            prompts = res.inputs_sha256() if stage in ("generate", "judge") else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
             # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
@@ -223,6 +249,11 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
 
 def _generate(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
+    if cfg.generation.source is not None:  # existing responses: nothing sampled, no policy
+        from data_gen.sourced import import_samples
+
+        source, sha = res.source()
+        return import_samples(cfg, run, source, sha, shard, progress)
     write_split(run.path, res.prompts(), res.held_out())
     return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
 

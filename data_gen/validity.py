@@ -207,15 +207,20 @@ def validity_markdown(report: dict) -> str:
     lines += [f"Gold: {report['gold']} ({report['pairs']} pairs). Judge: `{j['model']}` "
               f"({j['role']}, {j['mode']}), embedder `{j['embedder']}`. Accuracy: how often a "
               "system scores the better answer higher (a tie counts as half; strict: as "
-              "wrong). Failures (a judgement that did not parse) are left out and counted.", "",
-              "| system | n | right | wrong | ties | failures | accuracy | Wilson 95% | tie share "
-              "| strict accuracy |", "|" + "---|" * 10]
-    for name, r in report["systems"].items():
+              "wrong). Failures (a judgement that did not parse) are left out and counted.", ""]
+    return "\n".join(lines + systems_table_lines(report["systems"])) + "\n"
+
+
+def systems_table_lines(systems: dict) -> list[str]:
+    """The markdown table of `validity_table`'s rows (also the report's agreement table)."""
+    lines = ["| system | n | right | wrong | ties | failures | accuracy | Wilson 95% | tie share "
+             "| strict accuracy |", "|" + "---|" * 10]
+    for name, r in systems.items():
         cells = [name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"],
                  _f(r["accuracy"]), _f(r["wilson_95"]), _f(r["tie_share"]),
                  _f(r["strict_accuracy"])]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _f(x) -> str:

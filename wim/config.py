@@ -68,6 +68,21 @@ class GenerationConfig:
     sampled, counted as generate/skipped_overlong)."""
     max_prompt_tokens: int | None = None
     """Cap on prompt tokens below the model's context (long prompts are slow); null: none."""
+    source: str | None = None
+    """Existing responses to judge instead of sampling (wim/sources.py): a .jsonl/.json/.csv/
+    .parquet file, a folder saved with `save_to_disk`, or a datasets name. The prompts come
+    with it (prompts.source stays `bundled`; prompts.limit still applies); the settings above
+    are then unused and no policy samples. null: the policy samples k responses per prompt."""
+    source_split: str = "train"
+    """Split to read when `source` is a datasets name or a saved DatasetDict."""
+    source_shape: str = "auto"
+    """`responses` (a prompt and a list of responses), `ultrafeedback` (a prompt and
+    `completions`: objects with a model name, a response and a rating), `preference` (prompt,
+    chosen, rejected: each side becomes a sample and keeps its label), or `auto` (by columns)."""
+    source_columns: dict[str, str] = field(default_factory=dict)
+    """Column and key names where the source differs: prompt (default `prompt`, else
+    `instruction`), id, domain, responses, completions, model, response, rating
+    (`overall_score`), chosen, rejected. E.g. `{prompt: question, rating: fine-grained_score}`."""
 
 
 @dataclass

@@ -27,6 +27,7 @@ _CHOICES = {
     "training.adapter": ("continue", "fresh"),
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
+    "generation.source_shape": ("auto", "responses", "ultrafeedback", "preference"),
 }
 
 
@@ -81,6 +82,7 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
+    _validate_source(cfg, fail)
     if hasattr(cfg, "refine"):
         _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
@@ -131,6 +133,35 @@ def _validate_combinations(cfg, fail) -> None:
     )
     if uses_http and not cfg.http.base_urls:
         fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
+
+
+def _validate_source(cfg, fail) -> None:
+    """generation.source: existing responses instead of sampling (wim/sources.py)."""
+    from wim.sources import COLUMN_KEYS
+
+    g = cfg.generation
+    for key, name in g.source_columns.items():
+        if key not in COLUMN_KEYS:
+            fail("generation.source_columns", f"use only the keys {', '.join(COLUMN_KEYS)}", key)
+        if not isinstance(name, str) or not name:
+            fail(f"generation.source_columns.{key}", "be a column or key name", name)
+    if g.source is None:
+        return
+    if not isinstance(g.source, str) or not g.source.strip():
+        fail("generation.source", "be a file, a saved dataset folder or a datasets name, or "
+             "null", g.source)
+    why = "the prompts come with generation.source"
+    if cfg.prompts.source != "bundled":
+        fail("prompts.source", f"stay 'bundled' (unused) when generation.source is set: {why}",
+             cfg.prompts.source)
+    if cfg.prompts.holdout:
+        fail("prompts.holdout", "be 0 when generation.source is set (held-out prompts are "
+             "answered by the policy in `wim eval`; give the source's held-out prompts to "
+             "prompts.source in a run of their own)", cfg.prompts.holdout)
+    if cfg.training.rounds > 1 or cfg.training.mode == "online":
+        fail("training.rounds", "be 1 with offline training when generation.source is set "
+             "(later rounds and online DPO sample from the trained policy)",
+             (cfg.training.rounds, cfg.training.mode))
 
 
 def _validate_refine(r, fail) -> None:

@@ -76,8 +76,21 @@ def identity(cfg: Config) -> dict:
     return ident
 
 
-def identity_sha256(cfg: Config) -> str:
-    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()
+def identity_sha256(cfg: Config, source_sha: str | None = None) -> str:
+    """sha256 of the identity, and of the content of `generation.source` when given."""
+    ident = identity(cfg)
+    if source_sha is not None:
+        ident["generation_source_sha256"] = source_sha
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def source_content_sha256(cfg: Config) -> str | None:
+    """sha256 of the content of `generation.source` (None when the policy samples)."""
+    if cfg.generation.source is None:
+        return None
+    from wim.sources import source_sha256
+
+    return source_sha256(cfg.generation.source, cfg.generation.source_split)
 
 
 @dataclass(frozen=True)
@@ -155,17 +168,34 @@ class RunDir:
                     "folder, or re-run with the config saved in "
                     f"{self.config_file}."
                 )
+            self._check_source(cfg, meta)
         self.ensure_folder()
         if meta is None:
             self.save_config(cfg, shard)
         # An existing run keeps its saved config until the new stages succeed (the caller then
         # saves it), so a failed re-score never leaves a config that does not match the files.
 
+    def _check_source(self, cfg: Config, meta: dict) -> None:
+        """The content of `generation.source` is part of the identity: the same file name with
+        other responses in it is another run."""
+        saved = meta.get("source_sha256")
+        if cfg.generation.source is None or saved is None:
+            return
+        now = source_content_sha256(cfg)
+        if now != saved:
+            raise RunDirError(
+                f"{self.path} already holds a run of generation.source {cfg.generation.source!r}"
+                f", but its content has changed since (sha256 {saved[:12]}... -> {now[:12]}...)."
+                " Nothing was written. Use another --out folder, or restore the source file."
+            )
+
     def save_config(self, cfg: Config, shard: str | None = None) -> None:
+        source_sha = source_content_sha256(cfg)
         meta = {
             "config": cfg.to_dict(),
             "sha256": cfg.sha256(),
-            "data_sha256": identity_sha256(cfg),
+            "data_sha256": identity_sha256(cfg, source_sha),
+            "source_sha256": source_sha,
             "shard": shard,
             "versions": package_versions(),
             "git_sha": git_sha(),

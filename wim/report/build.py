@@ -13,7 +13,15 @@ from typing import Any
 from wim.config import Config
 from wim.metrics import domain_name, judge_statistics, pair_statistics
 from wim.records import RecordsError, read_keyed
-from wim.report.sections import collect_rounds, evaluation_lines, md_cell, rounds_lines
+from wim.report.sections import (
+    agreement_lines,
+    collect_rounds,
+    evaluation_lines,
+    md_cell,
+    read_agreement,
+    rounds_lines,
+    source_lines,
+)
 from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
 
@@ -49,6 +57,10 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["judge/prompt"] = cfg.judge.prompt
     report["score/on_parse_failure"] = cfg.judge.on_parse_failure
     report["score/zeta"] = cfg.scoring.zeta
+    agreement = read_agreement(run)
+    for system, row in (agreement or {}).get("systems", {}).items():
+        for key in ("accuracy", "tie_share", "n", "failures"):
+            report[f"agreement/{system}/{key}"] = row.get(key)
     rounds = collect_rounds(cfg, run, report.get("rounds"))
     if rounds:
         report["rounds"] = rounds
@@ -66,7 +78,7 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
     evaluation = read_evaluation(run)
     plots = make_plots(cfg, run, clean, evaluation)
-    markdown = render_markdown(clean, cfg, plots, evaluation)
+    markdown = render_markdown(clean, cfg, plots, evaluation, read_agreement(run))
     run.file("report.md").write_text(markdown)
     entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
     run.file("report.html").write_text(
@@ -106,7 +118,7 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
     ]
     if is_small_judge(r):
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
-    return lines + [
+    return lines + source_lines(r) + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
         f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
@@ -130,8 +142,10 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]],
-                    evaluation: dict[str, Any] | None = None) -> str:
-    """The report as markdown; `plots` are (file, caption) pairs; `evaluation` is eval.json."""
+                    evaluation: dict[str, Any] | None = None,
+                    agreement: dict[str, Any] | None = None) -> str:
+    """The report as markdown; `plots` are (file, caption) pairs; `evaluation` is eval.json;
+    `agreement` is agreement.json."""
     systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
                ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
     systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
@@ -171,6 +185,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
             deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
             lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
                          + " | ".join(ties + deltas) + " |")
+    lines += agreement_lines(agreement)
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
         lines.append(f"| {key} | {_fmt(r[key])} |")

@@ -129,3 +129,57 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
               "for neither side. p: exact two-sided binomial test against "
               "50%; Holm-adjusted across every comparison of this report."]
     return lines
+
+
+def read_agreement(run: RunDir) -> dict[str, Any] | None:
+    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
+    checked for the keys the report reads."""
+    import json
+
+    from wim.records import RecordsError
+
+    path = run.file("agreement.json")
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim pairs` again.") from None
+    if not (isinstance(data, dict) and isinstance(data.get("systems"), dict)
+            and isinstance(data.get("table_markdown"), str)):
+        raise RecordsError(f"{path}: expected an object with 'systems' and 'table_markdown'; "
+                           "run `wim pairs` again.")
+    return data
+
+
+def agreement_lines(agreement: dict[str, Any] | None) -> list[str]:
+    """Agreement of our rankings with the source's own labels (the `wim validity` table)."""
+    if not agreement:
+        return []
+    lines = ["", "## Agreement with the source's own preferences", "",
+             f"The source ({md_cell(agreement.get('source'))}) says which response is better "
+             f"({md_cell(agreement.get('labels'))}); one labelled pair per prompt "
+             f"({fmt(agreement.get('pairs'))} pairs; "
+             f"{fmt(agreement.get('label_ties'))} prompts whose responses the source rates "
+             "alike left out). Accuracy: how often a system scores the source's better "
+             "response higher (a tie counts as half; strict: as wrong); failures (a judgement "
+             "that did not parse) are counted, not ranked. The same table as `wim validity`.",
+             ""]
+    if agreement["table_markdown"]:
+        lines += agreement["table_markdown"].splitlines()
+    return lines
+
+
+def source_lines(r: dict[str, Any]) -> list[str]:
+    """Where the responses came from: sampled by the policy, or read from generation.source."""
+    if not r.get("generate/source"):
+        return [f"Responses sampled by the policy {md_cell(r.get('policy/model'))}.", ""]
+    origins = r.get("generate/origins") or {}
+    listed = ", ".join(f"{md_cell(k)} ({v})" for k, v in sorted(origins.items())) or "none"
+    sha = str(r.get("generate/source_sha256") or "")
+    return [f"Responses not sampled: read from {md_cell(r['generate/source'])} (shape "
+            f"{md_cell(r.get('generate/source_shape'))}, sha256 {sha[:16]}...): "
+            f"{fmt(r.get('generate/records'))} responses to "
+            f"{fmt(r.get('generate/source_prompts'))} prompts; "
+            f"{fmt(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
+            f"responses skipped. Written by: {listed}.", ""]
