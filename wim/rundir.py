@@ -84,6 +84,13 @@ def identity_sha256(cfg: Config, source_sha: str | None = None) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
+def _readable_source_sha256(cfg: Config) -> str | None:
+    try:
+        return source_content_sha256(cfg)
+    except WimError:
+        return None
+
+
 def source_content_sha256(cfg: Config) -> str | None:
     """sha256 of the content of `generation.source` (None when the policy samples)."""
     if cfg.generation.source is None:
@@ -181,8 +188,9 @@ class RunDir:
         saved = meta.get("source_sha256")
         if cfg.generation.source is None or saved is None:
             return
-        now = source_content_sha256(cfg)
-        if now != saved:
+        now = _readable_source_sha256(cfg)
+        # Unreadable now (moved, offline): stages that read it fail with the loader's message.
+        if now is not None and now != saved:
             raise RunDirError(
                 f"{self.path} already holds a run of generation.source {cfg.generation.source!r}"
                 f", but its content has changed since (sha256 {saved[:12]}... -> {now[:12]}...)."
@@ -190,7 +198,11 @@ class RunDir:
             )
 
     def save_config(self, cfg: Config, shard: str | None = None) -> None:
-        source_sha = source_content_sha256(cfg)
+        source_sha = _readable_source_sha256(cfg)
+        old = self.read_meta() or {}
+        if source_sha is None and old.get("config", {}).get("generation", {}).get(
+                "source") == cfg.generation.source:
+            source_sha = old.get("source_sha256")  # checked when the source was last read
         meta = {
             "config": cfg.to_dict(),
             "sha256": cfg.sha256(),
