@@ -71,6 +71,16 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     for plot in plots:
         assert base64.b64encode(plot.read_bytes()).decode() in page, plot.name
     assert "Read this first." in page and 'id="wim-data"' in page
+    # The dataset card of a sampled run: its metadata parses and states judge, zeta, counts.
+    from huggingface_hub import DatasetCard
+
+    card = DatasetCard.load(finished_run / "pairs" / "README.md")
+    facts = card.data.to_dict()["wim"]
+    assert (facts["pairs"], facts["ties_dropped"], facts["judge_parse_failed"]) == (
+        report["pairs/count"], report["pairs/ties_dropped"], report["judge/parse_failed"])
+    assert facts["judge_model"] == report["judge/model"] and facts["zeta"] == 0.4
+    assert facts["mechanical_numbers"] is True and "**Mechanical numbers.**" in card.text
+    assert "Sampled by the policy `bundled:smollm2-135m-instruct`" in card.text
 
 
 @pytest.mark.slow
@@ -228,6 +238,8 @@ def test_numeric_baseline_run(tmp_path: Path) -> None:
     assert all(j["completion_tokens"] <= 4 * j["attempts"] for j in judgements)
     report = json.loads((out / "report.json").read_text())
     assert "pairs/tie_rate/numeric" in report and "pairs/tie_rate/wim" not in report
+    card = (out / "pairs" / "README.md").read_text()  # written whether or not a pair survived
+    assert "judge_mode: numeric" in card and "zeta: 0.0" in card
     # Asking for a WIM mix of rating-only judgements is refused with a clear message.
     proc = run_wim(["score", str(out), "--set", "scoring.zeta=0.4"], check=False)
     assert proc.returncode == 2 and "scoring.zeta=0" in proc.stderr

@@ -3,7 +3,9 @@
 `resolved_config.yaml` records the config after overrides, its sha256, package versions and the
 git sha. The run's identity (the config that decides which samples and judgements exist: the
 "data" sections plus, when a backend is `http`, which server model answers) must match for a
-second run in the same folder; otherwise the run is refused before anything is written.
+second run in the same folder; otherwise the run is refused before anything is written. With
+`generation.source`, the content sha256 of the source is part of it too (`source_sha256` in
+resolved_config.yaml): the same path with other responses in it is another run.
 Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that depend on them
 are recomputed from the records already there.
 
