@@ -27,6 +27,9 @@ _CHOICES = {
     "training.adapter": ("continue", "fresh"),
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
+    "policy.dtype": ("auto", "float32", "bfloat16"),
+    "judge.dtype": ("auto", "float32", "bfloat16"),
+    "blind.dtype": ("auto", "float32", "bfloat16"),
 }
 
 
