@@ -1,0 +1,219 @@
+"""float32 against bfloat16 on this CPU, side by side in one process: sampling, judging, DPO.
+
+    python tests/benchmarks/bench_dtype.py --pairs RUN/pairs.jsonl [--prompts 16] [--steps 30]
+                                           [--ref-steps 10] [--threads 2]
+
+- generation: the bundled SmolLM2-135M through `TransformersBackend`, N prompts x 2 samples x
+  64 new tokens, T 0.8, top-p 0.95, batch 16 (the quickstart's settings); tok/s.
+- judging: the quickstart's fixed judge (wim mode, guided format, batch 32, <= 32 new tokens,
+  greedy, no retries) on the float32 answers; judgements/s, and the share of the judgements
+  whose raw text is identical in both dtypes.
+- DPO: `training.dpo.train_dpo` with the quickstart's DPO and LoRA settings on the pairs of a
+  quickstart run, `--steps` steps in each dtype (float32 weights; bfloat16: mixed precision,
+  float32 LoRA weights); wall seconds of the whole call, s/step and the loss curves.
+- DPO's reference pass (`--ref-steps` steps each): TRL's per-step reference forward (the
+  adapter switched off, every step) against `precompute_ref_log_probs` (one pass over the pairs
+  before training), in each dtype; wall seconds and the largest loss difference per step.
+
+Each generation and judging setting runs twice, alternating; the faster run counts (other
+processes on the same cores slow a run down, never speed it up). On a CPU without native
+bfloat16 (no AMX, no AVX512-BF16) the benchmark says so and times float32 only. Written to
+tests/benchmarks/results/dtype.txt. Not a test: the file name keeps pytest from collecting it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "dtype.txt"
+QUICKSTART = ROOT.parents[1] / "configs" / "quickstart.yaml"
+sys.path[:0] = [str(ROOT.parents[1]), str(ROOT)]  # this checkout's wim, then bench_generation
+from bench_generation import load_prompts  # noqa: E402 - the same prompt spread
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=Path, required=True, help="a quickstart run's pairs.jsonl")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts to sample (x 2)")
+    parser.add_argument("--steps", type=int, default=30, help="DPO steps per dtype")
+    parser.add_argument("--ref-steps", type=int, default=10,
+                        help="DPO steps per reference-pass variant (0: skip)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args()
+    # precompute_ref_log_probs caches its pass in the datasets cache: a private one, emptied
+    # before every training, so no run reads another's reference log-probs.
+    cache = Path(tempfile.mkdtemp(prefix="bench-dtype-"))
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
+
+    import torch
+
+    from wim.precision import machine
+
+    torch.set_num_threads(args.threads)
+    here = machine()
+    dtypes = ["float32", "bfloat16"] if here.native_bf16 else ["float32"]
+    lines = [f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+             f"{torch.__version__}, threads {args.threads}; torch capability "
+             f"{here.cpu_capability}, avx512_bf16 {here.avx512_bf16}, amx_tile {here.amx_tile}",
+             f"load average at start {os.getloadavg()[0]:.2f}", ""]
+    if not here.native_bf16:
+        lines += ["This CPU has no native bfloat16 (no AMX, no AVX512-BF16): bfloat16 would be "
+                  "emulated and slower, so `auto` is float32 here and only float32 is timed.", ""]
+    answers, sampling = time_generation(dtypes, args.prompts)
+    judging = time_judging(dtypes, answers)
+    lines += sampling + [""] + judging + [""]
+    lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
+    if args.ref_steps:
+        lines += time_reference_pass(dtypes, args.pairs, args.ref_steps, cache)
+    lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(text + "\n")
+    shutil.rmtree(cache, ignore_errors=True)
+    print(f"written to {RESULTS.relative_to(ROOT.parents[1])}")
+
+
+def _backend(dtype: str, batch_size: int):
+    from wim.backends import TransformersBackend
+    from wim.models import BUNDLED_POLICY
+
+    return TransformersBackend.load(BUNDLED_POLICY, batch_size=batch_size, dtype=dtype)
+
+
+def _best_of_two(dtypes: list[str], run) -> dict[str, tuple[float, object, float]]:
+    """{dtype: (seconds, result, load average)} of the faster of two alternating runs."""
+    best: dict[str, tuple[float, object, float]] = {}
+    for dtype in dtypes * 2:
+        start = time.perf_counter()
+        result = run(dtype)
+        seconds = time.perf_counter() - start
+        print(f"  {run.__name__} {dtype}: {seconds:.1f} s", flush=True)
+        if dtype not in best or seconds < best[dtype][0]:
+            best[dtype] = (seconds, result, os.getloadavg()[0])
+    return best
+
+
+def time_generation(dtypes: list[str], n_prompts: int):
+    from wim.backends import SamplingParams
+
+    backends = {d: _backend(d, 16) for d in dtypes}
+    convs = [[{"role": "user", "content": p}] for p in load_prompts(n_prompts)]
+    params = SamplingParams(max_new_tokens=64, temperature=0.8, top_p=0.95)
+
+    def generate(dtype: str):
+        return backends[dtype].generate(convs, params, n=2, seed=0)
+
+    best = _best_of_two(dtypes, generate)
+    lines = [f"generation: {n_prompts} prompts x 2 samples x <= 64 tokens, T 0.8, batch 16",
+             f"{'dtype':<10} {'seconds':>8} {'tokens':>7} {'tok/s':>7} {'load':>5}"]
+    rate = {}
+    for dtype, (seconds, results, load) in best.items():
+        tokens = sum(c.completion_tokens for row in results for c in row)
+        rate[dtype] = tokens / seconds
+        lines.append(f"{dtype:<10} {seconds:>8.1f} {tokens:>7} {rate[dtype]:>7.1f} {load:>5.2f}")
+    if len(rate) == 2:
+        lines.append(f"bfloat16 / float32 tok/s: {rate['bfloat16'] / rate['float32']:.2f}x")
+    answers = [(conv[0]["content"], c.text) for conv, row in
+               zip(convs, best["float32"][1], strict=True) for c in row]
+    return answers, lines
+
+
+def time_judging(dtypes: list[str], items: list[tuple[str, str]]) -> list[str]:
+    from wim.config import JudgeConfig
+    from wim.judges import BackendJudge
+    from wim.models import BUNDLED_POLICY
+
+    judges = {d: BackendJudge(_backend(d, 32), role="fixed", model_name=BUNDLED_POLICY,
+                              criteria=JudgeConfig().criteria, max_new_tokens=32, max_retries=0)
+              for d in dtypes}
+
+    def judge(dtype: str):
+        return judges[dtype].judge(items, seed=0)
+
+    best = _best_of_two(dtypes, judge)
+    lines = [f"judging: {len(items)} judgements, fixed judge, wim mode, guided, greedy, batch 32",
+             f"{'dtype':<10} {'seconds':>8} {'judgements/s':>13} {'parse ok':>9} {'load':>5}"]
+    for dtype, (seconds, results, load) in best.items():
+        ok = sum(r.parse_ok for r in results)
+        lines.append(f"{dtype:<10} {seconds:>8.1f} {len(items) / seconds:>13.2f} "
+                     f"{ok:>5}/{len(items):<3} {load:>5.2f}")
+    if len(best) == 2:
+        f32, b16 = best["float32"][1], best["bfloat16"][1]
+        same = sum(a.raw == b.raw for a, b in zip(f32, b16, strict=True))
+        rating = sum(a.rating == b.rating for a, b in zip(f32, b16, strict=True))
+        speed = best["float32"][0] / best["bfloat16"][0]
+        lines += [f"bfloat16 / float32 judgements/s: {speed:.2f}x",
+                  f"identical greedy judgements (raw text): {same}/{len(items)} "
+                  f"({same / len(items):.0%}); same rating: {rating}/{len(items)}"]
+    return lines
+
+
+def _train(dtype: str, pairs: Path, steps: int, cache: Path, precompute: bool) -> dict:
+    """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds."""
+    import json
+
+    from training.dpo import train_dpo
+    from wim.config import load_config
+
+    for child in cache.iterdir():
+        shutil.rmtree(child, ignore_errors=True)
+    overrides = [f"policy.dtype={dtype}", f"dpo.max_steps={steps}", "dpo.save_steps=0"]
+    if precompute:
+        overrides.append("dpo.extra={precompute_ref_log_probs: true}")
+    cfg = load_config(QUICKSTART, overrides)
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        metrics = train_dpo(cfg, pairs, out, progress=False)
+        seconds = time.perf_counter() - start
+        history = json.loads((Path(out) / "log_history.json").read_text())
+    losses = [h["loss"] for h in history if "loss" in h]
+    print(f"  DPO {dtype} precompute={precompute}: {seconds:.1f} s", flush=True)
+    return {"metrics": metrics, "losses": losses, "seconds": seconds,
+            "load": os.getloadavg()[0]}
+
+
+def time_dpo(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
+    runs = {d: _train(d, pairs, steps, cache, precompute=False) for d in dtypes}
+    n_pairs = sum(1 for line in pairs.open() if line.strip())
+    lines = [f"DPO: {n_pairs} quickstart pairs ({pairs}), {steps} steps, batch 4, max_length "
+             "192, LoRA r 8 on q_proj/v_proj, per-step reference pass",
+             f"{'dtype':<10} {'wall s':>7} {'s/step':>7} {'loss first':>10} {'loss last':>9} "
+             f"{'min':>6} {'load':>5}"]
+    for dtype, r in runs.items():
+        m = r["metrics"]
+        lines.append(f"{dtype:<10} {r['seconds']:>7.1f} {r['seconds'] / steps:>7.2f} "
+                     f"{m['train/loss_first']:>10.4f} {m['train/loss_last']:>9.4f} "
+                     f"{min(r['losses']):>6.3f} {r['load']:>5.2f}")
+    if len(runs) == 2:
+        lines.append(f"bfloat16 / float32 seconds: "
+                     f"{runs['bfloat16']['seconds'] / runs['float32']['seconds']:.2f}x")
+    for dtype, r in runs.items():
+        lines.append(f"loss curve {dtype}: " + " ".join(f"{x:.3f}" for x in r["losses"]))
+    return lines
+
+
+def time_reference_pass(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
+    lines = [f"DPO reference pass, {steps} steps each: per-step forward with the adapter off "
+             "vs TRL's precompute_ref_log_probs (one pass before training)",
+             f"{'dtype':<10} {'per-step s':>10} {'precompute s':>12} {'ratio':>6} "
+             f"{'max |loss diff|':>16}"]
+    for dtype in dtypes:
+        per_step = _train(dtype, pairs, steps, cache, precompute=False)
+        pre = _train(dtype, pairs, steps, cache, precompute=True)
+        diff = max(abs(a - b) for a, b in zip(per_step["losses"], pre["losses"], strict=True))
+        lines.append(f"{dtype:<10} {per_step['seconds']:>10.1f} {pre['seconds']:>12.1f} "
+                     f"{pre['seconds'] / per_step['seconds']:>6.2f} {diff:>16.2e}")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
