@@ -1,7 +1,7 @@
 """float32 against bfloat16 on this CPU, side by side in one process: sampling, judging, DPO.
 
     python tests/benchmarks/bench_dtype.py --pairs RUN/pairs.jsonl [--prompts 16] [--steps 30]
-                                           [--ref-steps 10] [--threads 2]
+                                           [--ref-steps 10] [--threads 2] [--parts ...] [--out F]
 
 - generation: the bundled SmolLM2-135M through `TransformersBackend`, N prompts x 2 samples x
   64 new tokens, T 0.8, top-p 0.95, batch 16 (the quickstart's settings); tok/s.
@@ -17,8 +17,9 @@
 
 Each generation and judging setting runs twice, alternating; the faster run counts (other
 processes on the same cores slow a run down, never speed it up). On a CPU without native
-bfloat16 (no AMX, no AVX512-BF16) the benchmark says so and times float32 only. Written to
-tests/benchmarks/results/dtype.txt. Not a test: the file name keeps pytest from collecting it.
+bfloat16 (no AMX, no AVX512-BF16) the benchmark says so and times float32 only. `--parts`
+picks some of generate, judge, dpo, ref (all by default). Written to `--out`
+(tests/benchmarks/results/dtype.txt). Not a test: the file name keeps pytest from collecting it.
 """
 
 from __future__ import annotations
@@ -41,13 +42,18 @@ from bench_generation import load_prompts  # noqa: E402 - the same prompt spread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=Path, required=True, help="a quickstart run's pairs.jsonl")
+    parser.add_argument("--pairs", type=Path, help="a quickstart run's pairs.jsonl (dpo, ref)")
     parser.add_argument("--prompts", type=int, default=16, help="prompts to sample (x 2)")
     parser.add_argument("--steps", type=int, default=30, help="DPO steps per dtype")
     parser.add_argument("--ref-steps", type=int, default=10,
                         help="DPO steps per reference-pass variant (0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--parts", default="generate,judge,dpo,ref", help="what to time")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if parts & {"dpo", "ref"} and args.pairs is None:
+        parser.error("dpo and ref need --pairs RUN/pairs.jsonl")
     # precompute_ref_log_probs caches its pass in the datasets cache: a private one, emptied
     # before every training, so no run reads another's reference log-probs.
     cache = Path(tempfile.mkdtemp(prefix="bench-dtype-"))
@@ -67,19 +73,22 @@ def main() -> None:
     if not here.native_bf16:
         lines += ["This CPU has no native bfloat16 (no AMX, no AVX512-BF16): bfloat16 would be "
                   "emulated and slower, so `auto` is float32 here and only float32 is timed.", ""]
-    answers, sampling = time_generation(dtypes, args.prompts)
-    judging = time_judging(dtypes, answers)
-    lines += sampling + [""] + judging + [""]
-    lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
-    if args.ref_steps:
+    if parts & {"generate", "judge"}:
+        answers, sampling = time_generation(dtypes, args.prompts)
+        lines += sampling + [""]
+    if "judge" in parts:
+        lines += time_judging(dtypes, answers) + [""]
+    if "dpo" in parts:
+        lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
+    if "ref" in parts:
         lines += time_reference_pass(dtypes, args.pairs, args.ref_steps, cache)
     lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
     text = "\n".join(lines)
     print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
     shutil.rmtree(cache, ignore_errors=True)
-    print(f"written to {RESULTS.relative_to(ROOT.parents[1])}")
+    print(f"written to {args.out}")
 
 
 def _backend(dtype: str, batch_size: int):
