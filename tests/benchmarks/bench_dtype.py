@@ -50,7 +50,10 @@ def main() -> None:
     parser.add_argument("--ref-steps", type=int, default=10,
                         help="DPO steps per reference-pass variant (0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--parts", default="generate,judge,dpo,ref", help="what to time")
+    parser.add_argument("--parts", default="generate,judge,dpo,ref",
+                        help="what to time: generate, judge, dpo, ref, step")
+    parser.add_argument("--step-rows", type=int, default=8, help="step: sequences per batch")
+    parser.add_argument("--step-length", type=int, default=192, help="step: tokens each")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -84,6 +87,8 @@ def main() -> None:
         lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
     if "ref" in parts:
         lines += time_reference_pass(dtypes, args.pairs, args.ref_steps, cache)
+    if "step" in parts:
+        lines += time_step(dtypes, args.step_rows, args.step_length, 2) + [""]
     lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
     text = "\n".join(lines)
     print(text)
@@ -241,3 +246,60 @@ def time_reference_pass(dtypes: list[str], pairs: Path, steps: int, cache: Path)
 
 if __name__ == "__main__":
     main()
+
+
+def time_step(dtypes: list[str], rows: int, length: int, repeats: int) -> list[str]:
+    """One DPO step's arithmetic without TRL around it: a LoRA forward+backward of `rows`
+    sequences (chosen and rejected) and the reference forward with the adapter off, in float32
+    and in bfloat16 as training runs it (bfloat16 base, float32 LoRA, autocast)."""
+    import contextlib
+
+    import torch
+    from peft import get_peft_model
+
+    from training.dpo import lora_config
+    from wim.config import load_config
+    from wim.models import BUNDLED_POLICY, load_causal_lm
+
+    cfg = load_config(QUICKSTART)
+    models = {d: get_peft_model(load_causal_lm(BUNDLED_POLICY, dtype=d)[0], lora_config(cfg))
+              for d in dtypes}
+    ids = torch.randint(100, 40000, (rows, length), generator=torch.Generator().manual_seed(0))
+
+    def autocast(dtype: str):
+        return (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16"
+                else contextlib.nullcontext())
+
+    def step(dtype: str):
+        model = models[dtype]
+        model.train()
+        with autocast(dtype):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad()
+        return float(loss)
+
+    def reference(dtype: str):
+        model = models[dtype]
+        with torch.no_grad(), model.disable_adapter(), autocast(dtype):
+            return float(model(input_ids=ids, labels=ids).loss)
+
+    lines = [f"one step's arithmetic: {rows} x {length} tokens, LoRA r 8 q/v, best of {repeats}",
+             f"{'dtype':<10} {'fwd+bwd s':>9} {'CPU s':>7} {'ref fwd s':>9} {'CPU s':>7} "
+             f"{'loss':>7} {'lora':>8}"]
+    train = _best_of_two(dtypes, step, repeats)
+    ref = _best_of_two(dtypes, reference, repeats)
+    for d in dtypes:
+        lora = next(p.dtype for n, p in models[d].named_parameters() if "lora_" in n)
+        lines.append(f"{d:<10} {train[d][0]:>9.2f} {train[d][3]:>7.2f} {ref[d][0]:>9.2f} "
+                     f"{ref[d][3]:>7.2f} {train[d][1]:>7.4f} {str(lora)[6:]:>8}")
+    if len(dtypes) == 2:
+        wall = train["bfloat16"][0] / train["float32"][0]
+        cpu = train["bfloat16"][3] / train["float32"][3]
+        lines.append(f"bfloat16 / float32: fwd+bwd {wall:.2f}x wall, {cpu:.2f}x CPU; ref fwd "
+                     f"{ref['bfloat16'][0] / ref['float32'][0]:.2f}x wall, "
+                     f"{ref['bfloat16'][3] / ref['float32'][3]:.2f}x CPU")
+    for d in dtypes:
+        lines.append(f"{d}: the reference forward is {ref[d][3] / (ref[d][3] + train[d][3]):.0%}"
+                     " of a step's CPU time (policy fwd+bwd plus reference fwd)")
+    return lines
