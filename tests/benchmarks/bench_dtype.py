@@ -244,9 +244,6 @@ def time_reference_pass(dtypes: list[str], pairs: Path, steps: int, cache: Path)
     return lines
 
 
-if __name__ == "__main__":
-    main()
-
 
 def time_step(dtypes: list[str], rows: int, length: int, repeats: int) -> list[str]:
     """One DPO step's arithmetic without TRL around it: a LoRA forward+backward of `rows`
@@ -303,3 +300,7 @@ def time_step(dtypes: list[str], rows: int, length: int, repeats: int) -> list[s
         lines.append(f"{d}: the reference forward is {ref[d][3] / (ref[d][3] + train[d][3]):.0%}"
                      " of a step's CPU time (policy fwd+bwd plus reference fwd)")
     return lines
+
+
+if __name__ == "__main__":
+    main()
