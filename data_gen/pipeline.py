@@ -115,7 +115,7 @@ class Resources:
             c = self.cfg
             self._lm = load_causal_lm(c.policy.model, adapter=c.policy.adapter,
                                       load_in_4bit=c.training.load_in_4bit,
-                                      peft_adapter=c.training.rounds > 1)
+                                      peft_adapter=c.training.rounds > 1, dtype=c.policy.dtype)
             self._adapter = c.policy.adapter
         return self._lm
 
@@ -162,7 +162,7 @@ class Resources:
             else:
                 self._policy = open_backend(c.policy.backend, c.policy.model, c,
                                             batch_size=c.generation.batch_size,
-                                            adapter=c.policy.adapter)
+                                            adapter=c.policy.adapter, dtype=c.policy.dtype)
         return self._policy
 
     def judge(self) -> BackendJudge:
@@ -180,7 +180,8 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
     """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
     j = cfg.judge
     if j.role == "external":
-        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size)
+        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size,
+                               dtype=j.dtype)
         name = j.model or cfg.http.model
     else:
         backend = policy()

@@ -228,10 +228,18 @@ def _final_judgements(run: RunDir) -> list[dict[str, Any]]:
     return final
 
 
-def _backend_stats(backend, role: str) -> dict[str, int]:
-    """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...)."""
+def _backend_stats(backend, role: str) -> dict[str, Any]:
+    """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...); for a
+    local model the dtype it computed in (`dtype/judge`) and the machine it was picked for
+    (`machine/cpu_capability`, `machine/native_bf16`, ...: wim/precision.py)."""
     counts = getattr(backend, "stats", None) or {}
-    return {f"http/{role}/{k}": v for k, v in counts.items()}
+    stats: dict[str, Any] = {f"http/{role}/{k}": v for k, v in counts.items()}
+    if getattr(backend, "dtype", None):
+        from wim.precision import machine
+
+        stats[f"dtype/{role}"] = backend.dtype
+        stats.update({f"machine/{k}": v for k, v in machine().describe().items()})
+    return stats
 
 
 def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
 
 from wim.records import read_records, record_key
@@ -56,6 +57,15 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     missing = [k for k in REPORT_KEYS if k not in report]
     assert not missing, missing
     assert report["train/steps"] == 2
+    # What the run computed in, on the machine it ran on (wim/precision.py).
+    from wim.precision import resolve_dtype
+
+    dtype = resolve_dtype("auto")
+    assert report["dtype/policy"] == report["dtype/judge"] == dtype
+    assert report["train/compute_dtype"] == dtype and report["train/lora_dtype"] == "float32"
+    assert "machine/cpu_capability" in report and "machine/native_bf16" in report
+    assert yaml.safe_load((finished_run / "resolved_config.yaml").read_text())[
+        "config"]["policy"]["dtype"] == dtype
     assert report["tokens/generated"] == sum(r["completion_tokens"] for r in samples)
     markdown = (finished_run / "report.md").read_text()
     assert "135M" in markdown
@@ -216,7 +226,7 @@ def test_exported_pairs_go_into_dpo_trainer_as_they_are(finished_run: Path, tmp_
     assert saved.to_list() == pairs.to_list()
     assert {"prompt", "chosen", "rejected", "chosen_critique", "rejected_score"} <= set(
         pairs.column_names)
-    model, tokenizer = load_causal_lm("bundled:smollm2-135m-instruct")
+    model, tokenizer = load_causal_lm("bundled:smollm2-135m-instruct", dtype="float32")
     args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2,
                      use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                      activation_checkpointing=False, max_length=96)

@@ -116,7 +116,7 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
         else:
             current = None  # free the previous model before loading the next
             backend = TransformersBackend.load(system.model, batch_size=g.batch_size,
-                                               adapter=system.adapter)
+                                               adapter=system.adapter, dtype=cfg.policy.dtype)
             current = (system.model, backend)
         out[system.name] = _answer(backend, cfg, prompts, params, system)
     return out
@@ -185,7 +185,8 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
     backend_failures = sum(1 for r in records if (r["failure"] or "").find("backend failed") >= 0)
     return {
         "evaluator": {"model": evaluator.model_name, "mode": cfg.blind.mode,
-                      "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries},
+                      "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries,
+                      "dtype": getattr(evaluator.backend, "dtype", None)},
         "mechanical_warning": MECHANICAL_WARNING if bundled else None,
         "held_out_prompts": n_prompts,
         "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},

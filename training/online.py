@@ -169,6 +169,7 @@ def _user_text(prompt) -> str:
 
 
 def online_args(cfg: Config, output_dir: Path, progress: bool):
+    import torch
     from trl.experimental.online_dpo import OnlineDPOConfig
 
     from wim.models import device_and_dtype
@@ -180,7 +181,8 @@ def online_args(cfg: Config, output_dir: Path, progress: bool):
         gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
         max_new_tokens=t.online_max_new_tokens, temperature=t.online_temperature,
         top_p=cfg.generation.top_p, logging_steps=d.logging_steps, seed=cfg.seed,
-        bf16=device_and_dtype()[0] == "cuda", activation_checkpointing=t.gradient_checkpointing,
+        bf16=device_and_dtype(cfg.policy.dtype)[1] == torch.bfloat16,  # see training/dpo.py
+        activation_checkpointing=t.gradient_checkpointing,
         report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
         disable_tqdm=not progress, loss_type="sigmoid")
 

@@ -252,7 +252,7 @@ def open_blind_evaluator(section, batch_size: int = 8) -> BlindEvaluator:
     model = section.model if section.backend != "http" else (section.http.model or section.model)
     # open_backend reads the http settings from `cfg.http`; the evaluator has its own.
     backend = open_backend(section.backend, model, types.SimpleNamespace(http=section.http),
-                           batch_size=section.batch_size or batch_size)
+                           batch_size=section.batch_size or batch_size, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,
                           retry_temperature=section.retry_temperature, model_name=model)

@@ -47,6 +47,12 @@ class PolicyConfig:
     """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
     `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
     without it. `wim train` still trains a fresh adapter on `model`."""
+    dtype: str = "auto"
+    """What the local model computes in (sampling, the fixed and changing judges, training):
+    `auto` (bfloat16 on CUDA and on CPUs that compute it natively, AMX or AVX512-BF16; float32
+    on other CPUs, where bfloat16 is emulated and slower), `float32` or `bfloat16`. Training in
+    bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run records what
+    `auto` resolved to; a resumed run refuses another dtype."""
 
 
 @dataclass
@@ -113,6 +119,8 @@ class JudgeConfig:
     """Model for the external judge (`bundled:...`, a folder or a hub id)."""
     backend: str = "transformers"
     """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
+    dtype: str = "auto"
+    """dtype of an external judge on the transformers backend (see `policy.dtype`)."""
     mode: str = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
     prompt: str = "ours"
@@ -223,6 +231,8 @@ class BlindConfig:
     """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, `http.model`)."""
     backend: str = "transformers"
     """`transformers`, `llama_cpp` or `http` (its own `blind.http` settings)."""
+    dtype: str = "auto"
+    """dtype of the evaluator on the transformers backend (see `policy.dtype`)."""
     mode: str = "pairwise"
     """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
     max_new_tokens: int = 48

@@ -28,6 +28,9 @@ _CHOICES = {
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
     "generation.source_shape": ("auto", "responses", "ultrafeedback", "preference"),
+    "policy.dtype": ("auto", "float32", "bfloat16"),
+    "judge.dtype": ("auto", "float32", "bfloat16"),
+    "blind.dtype": ("auto", "float32", "bfloat16"),
 }
 
 

@@ -5,7 +5,9 @@ git sha. The run's identity (the config that decides which samples and judgement
 "data" sections plus, when a backend is `http`, which server model answers) must match for a
 second run in the same folder; otherwise the run is refused before anything is written. With
 `generation.source`, the content sha256 of the source is part of it too (`source_sha256` in
-resolved_config.yaml): the same path with other responses in it is another run.
+resolved_config.yaml): the same path with other responses in it is another run. The
+identity holds each dtype as resolved on this machine (`auto` -> float32 or bfloat16,
+wim/precision.py), so a run resumed where `auto` picks another dtype is refused, not mixed.
 Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that depend on them
 are recomputed from the records already there.
 
@@ -34,6 +36,7 @@ import yaml
 
 from wim.config import Config, ConfigError, config_from_dict
 from wim.errors import WimError
+from wim.precision import machine, pin_dtypes, uses_auto
 from wim.records import read_keyed, storage_error
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
@@ -65,8 +68,8 @@ def uses_http(cfg: Config) -> bool:
 def identity(cfg: Config) -> dict:
     """What must not change within one run directory: the data sections, plus the identifying
     http keys when a backend is http (base URLs compared as a set: their order is only the
-    round-robin order)."""
-    data = cfg.to_dict()
+    round-robin order). `auto` dtypes are resolved on this machine (imports torch)."""
+    data = pin_dtypes(cfg).to_dict()
     ident = {k: data[k] for k in DATA_SECTIONS}
     for key in SCORING_KEYS:
         section, name = key.split(".")
@@ -166,7 +169,7 @@ class RunDir:
         """Create the folder or check that it holds a run of the same data config."""
         meta = self.read_meta()
         if meta is not None:
-            old = config_from_dict(meta["config"], source=str(self.config_file))
+            old = config_from_dict(_legacy_dtype(meta["config"]), source=str(self.config_file))
             if identity(old) != identity(cfg) or meta.get("shard") != shard:
                 changed = _changed_keys(identity(old), identity(cfg))
                 if meta.get("shard") != shard:
@@ -175,7 +178,7 @@ class RunDir:
                     f"{self.path} already holds a run with a different config "
                     f"(changed: {', '.join(changed)}). Nothing was written. Use another --out "
                     "folder, or re-run with the config saved in "
-                    f"{self.config_file}."
+                    f"{self.config_file}." + _dtype_advice(changed, old, cfg, meta)
                 )
             self._check_source(cfg, meta)
         self.ensure_folder()
@@ -205,12 +208,17 @@ class RunDir:
         if source_sha is None and old.get("config", {}).get("generation", {}).get(
                 "source") == cfg.generation.source:
             source_sha = old.get("source_sha256")  # checked when the source was last read
+        pinned = pin_dtypes(cfg)
         meta = {
-            "config": cfg.to_dict(),
-            "sha256": cfg.sha256(),
+            "config": pinned.to_dict(),  # `auto` dtypes as resolved here
+            "sha256": pinned.sha256(),
             "data_sha256": identity_sha256(cfg, source_sha),
             "source_sha256": source_sha,
             "shard": shard,
+            # The machine `auto` was resolved for (kept from the run's start when resumed
+            # with the dtypes already pinned).
+            "dtype_picked_for": (machine().describe() if uses_auto(cfg)
+                                 else old.get("dtype_picked_for")),
             "versions": package_versions(),
             "git_sha": git_sha(),
         }
@@ -281,6 +289,35 @@ def _busy_message(folder: Path, lock_file: Path) -> str:
         "time. Wait for it to finish (or stop it), then run this command again; nothing was "
         "written by this one."
     )
+
+
+def _legacy_dtype(data: dict) -> dict:
+    """A config saved before dtypes existed computed as `auto` did then: bfloat16 on CUDA,
+    float32 on every CPU."""
+    policy = data.get("policy") or {}
+    if "dtype" in policy:
+        return data
+    return {**data, "policy": {**policy,
+                               "dtype": "bfloat16" if machine().cuda else "float32"}}
+
+
+def _dtype_advice(changed: list[str], old: Config, new: Config, meta: dict) -> str:
+    """What to do when only the machine's choice of dtype differs from the run's."""
+    keys = [k for k in changed if k.endswith(".dtype")]
+    if not keys:
+        return ""
+    was, now = identity(old), identity(new)
+    parts = [f"{k} {was[k.split('.')[0]]['dtype']} -> {now[k.split('.')[0]]['dtype']}"
+             for k in keys]
+    here = machine().describe()
+    then = meta.get("dtype_picked_for") or {}
+    return (f" The dtype changed ({'; '.join(parts)}): this run began on a CPU with "
+            f"{then.get('cpu_capability', '?')} (native bfloat16: "
+            f"{then.get('native_bf16', '?')}); `auto` here (CPU {here['cpu_capability']}, "
+            f"native bfloat16: {here['native_bf16']}, CUDA: {here['cuda']}) picks another. "
+            "One run never mixes dtypes: set the run's dtype explicitly to continue it (e.g. "
+            f"--set {keys[0]}={was[keys[0].split('.')[0]]['dtype']}; slow where bfloat16 is "
+            "emulated), or start a new run in another --out folder.")
 
 
 def _changed_keys(old: dict, new: dict) -> list[str]:

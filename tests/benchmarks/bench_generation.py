@@ -141,7 +141,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
     load_start = os.getloadavg()[0]
 
-    model, tokenizer = load_causal_lm(BUNDLED_POLICY)
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY, dtype="float32")  # bench_dtype: bf16
     warm = TransformersBackend(model, tokenizer, batch_size=2)
     warm.generate(convs[:2], SamplingParams(max_new_tokens=4), n=2)  # first-call overheads
 

@@ -47,7 +47,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts or (8 if args.quick else 16))
-    model, tokenizer = load_causal_lm(BUNDLED_POLICY)
+    # float32: the two paths must write identical texts (bench_dtype.py measures bfloat16).
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY, dtype="float32")
     policy = TransformersBackend(model, tokenizer, batch_size=16)
     convs = [[{"role": "user", "content": p}] for p in prompts]
     answers = policy.generate(convs, SamplingParams(max_new_tokens=64, temperature=0.8,

@@ -115,9 +115,11 @@ def test_numeric_mode_needs_no_critique() -> None:
     assert result.parse_ok and result.rating == 8 and result.critique is None
 
 
-@pytest.fixture(scope="module")
-def bundled() -> TransformersBackend:
-    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def bundled(request) -> TransformersBackend:
+    """The bundled model in each dtype, pinned (the guided format must hold in both)."""
+    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4,
+                                    dtype=request.param)
 
 
 @pytest.mark.slow

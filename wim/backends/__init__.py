@@ -19,12 +19,14 @@ __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "Transform
 
 
 def open_backend(kind: str, model: str, cfg, batch_size: int = 8,
-                 adapter: str | None = None) -> Backend:
+                 adapter: str | None = None, dtype: str = "auto") -> Backend:
     """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config).
 
-    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that)."""
+    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that).
+    `dtype`: what a transformers model computes in (wim/precision.py); the others ignore it."""
     if kind == "transformers":
-        return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter)
+        return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter,
+                                        dtype=dtype)
     if kind == "llama_cpp":
         from wim.backends.llama_cpp_backend import LlamaCppBackend
 

@@ -40,11 +40,11 @@ class TransformersBackend(Backend):
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None
-             ) -> TransformersBackend:
-        """Load `name` (and attach the LoRA `adapter` folder, if given) through
+    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None,
+             dtype: str = "auto") -> TransformersBackend:
+        """Load `name` (and attach the LoRA `adapter` folder, if given) in `dtype` through
         `wim.models.load_causal_lm`, the same path the pipeline uses."""
-        model, tokenizer = load_causal_lm(name, adapter=adapter)
+        model, tokenizer = load_causal_lm(name, adapter=adapter, dtype=dtype)
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
@@ -62,6 +62,11 @@ class TransformersBackend(Backend):
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True,
                                    reuse_prefix=self.reuse_prefix)
+
+    @property
+    def dtype(self) -> str:
+        """What the model computes in: `float32` or `bfloat16` (recorded in the stage stats)."""
+        return str(self.model.dtype).removeprefix("torch.")
 
     @property
     def context_tokens(self) -> int | None:
