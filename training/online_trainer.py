@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F  # noqa: N812 - the usual name
+import torch.nn.functional as F
 import trl
 from packaging.version import Version
 from trl.data_utils import is_conversational
