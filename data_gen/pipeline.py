@@ -9,6 +9,7 @@ only when their stage runs.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 from data_gen.fingerprints import (
@@ -25,7 +26,7 @@ from data_gen.stages import (
     score_run,
 )
 from wim.backends import Backend, TransformersBackend, open_backend
-from wim.config import Config
+from wim.config import Config, judge_http
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
@@ -149,9 +150,14 @@ class Resources:
 def make_judge(cfg: Config, policy) -> BackendJudge:
     """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
     j = cfg.judge
-    if j.role == "external":
-        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size)
-        name = j.model or cfg.http.model
+    if j.role == "external" and j.backend == "http":
+        http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
+        backend = open_backend(j.backend, http.model, SimpleNamespace(http=http),
+                               batch_size=j.batch_size)
+        name = http.model
+    elif j.role == "external":
+        backend = open_backend(j.backend, j.model, cfg, batch_size=j.batch_size)
+        name = j.model
     else:
         backend = policy()
         name = cfg.policy.model

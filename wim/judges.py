@@ -170,8 +170,9 @@ class BackendJudge(Judge):
         convs = [self._messages(p, r) for p, r in items]
         if not self.backend.supports_prefill:
             # A server is asked for the JSON of the format, where it takes a schema.
-            schema = (judge_json_schema(self.mode) if self.guided_json and self.prompt == "ours"
-                      and self.backend.supports_json_schema else None)
+            guided = (self.guided_json and self.prompt == "ours"
+                      and self.backend.supports_json_schema)
+            schema = judge_json_schema(self.mode, self.max_new_tokens) if guided else None
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, json_schema=schema)
             head = ""
         elif self.prompt == "authors":
