@@ -108,6 +108,12 @@ class BackendJudge(Judge):
         self.guided_json = guided_json
         self.instructions = build_judge_instructions(criteria, mode, prompt)
 
+    @property
+    def served_model(self) -> str | None:
+        """The model name a server judged by (an http backend; a served adapter's name for a
+        changing judge), else None."""
+        return self.backend.model if getattr(self.backend, "name", "") == "http" else None
+
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
         results: list[Judgement | None] = [None] * len(items)
         todo = list(range(len(items)))

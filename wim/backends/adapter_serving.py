@@ -30,12 +30,38 @@ class AdapterServingError(WimError):
     """The server could not register an adapter (or is not a vLLM with runtime LoRA)."""
 
 
-def adapter_name(run_path: str | Path, round_index: int, adapter_dir: str | Path) -> str:
-    """The served name of round `round_index`'s adapter of the run in `run_path`."""
-    run = hashlib.sha256(str(Path(run_path).resolve()).encode()).hexdigest()[:8]
-    weights = Path(adapter_dir) / "adapter_model.safetensors"
+def adapter_name(adapter_dir: str | Path) -> str:
+    """The served name of an adapter folder: `wim-r<round>-<folder hash>-<weights hash>` for a
+    round's adapter (`.../rounds/<r>/train/adapter`), `wim-<folder hash>-<weights hash>` else.
+    The folder's absolute path names the run and round; the weights, what was trained."""
+    folder = Path(adapter_dir).resolve()
+    where = hashlib.sha256(str(folder).encode()).hexdigest()[:8]
+    weights = folder / "adapter_model.safetensors"
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:8] if weights.is_file() else "0"
-    return f"wim-{run}-r{round_index}-{digest}"
+    parts = folder.parts
+    label = (f"r{parts[-3]}-" if len(parts) >= 4 and parts[-4] == "rounds"
+             and parts[-2:] == ("train", "adapter") else "")
+    return f"wim-{label}{where}-{digest}"
+
+
+def serve_adapter(http, adapter_dir: str | Path) -> str:
+    """Register `adapter_dir` with every base URL of `http` (an HTTPConfig, data-parallel
+    replicas each need it); returns its served name."""
+    name = adapter_name(adapter_dir)
+    for url in http.base_urls:
+        register_adapter(url, name, adapter_dir, http.server_paths, http.api_key_env)
+    return name
+
+
+def served_http(http, adapter_dir: str | Path | None):
+    """`http` (an HTTPConfig) with `model` the served name of `adapter_dir` (registered now;
+    "already loaded" after a restart of ours is fine), or the base name when there is none
+    or adapters are not served."""
+    import dataclasses
+
+    if adapter_dir is None or http.adapter_serving != "vllm":
+        return http
+    return dataclasses.replace(http, model=serve_adapter(http, adapter_dir))
 
 
 def server_path(local: str | Path, server_paths: dict[str, str]) -> str:
