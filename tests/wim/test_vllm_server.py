@@ -5,10 +5,13 @@ adapters registered at run time. One server for the session; small workloads."""
 from __future__ import annotations
 
 import pytest
+from conftest import QUICKSTART
 
 from wim.backends import SamplingParams
+from wim.backends.adapter_serving import adapter_name, register_adapter, served_models
 from wim.backends.http_backend import HTTPBackend
 from wim.blind import BlindEvaluator
+from wim.config import load_config
 from wim.judges import BackendJudge
 from wim.prompts import load_prompts
 
@@ -80,8 +83,6 @@ def test_blind_evaluator_on_vllm(vllm_server) -> None:
 
 @pytest.mark.slow
 def test_a_registered_adapter_changes_the_answers(vllm_server, trained_adapter) -> None:
-    from wim.backends.adapter_serving import register_adapter, served_models
-
     name = "wim-test-adapter"
     register_adapter(vllm_server.url, name, str(trained_adapter))
     register_adapter(vllm_server.url, name, str(trained_adapter))  # "already loaded" is fine
@@ -91,3 +92,23 @@ def test_a_registered_adapter_changes_the_answers(vllm_server, trained_adapter) 
     base = _backend(vllm_server).generate(convs, greedy)
     tuned = _backend(vllm_server, model=name).generate(convs, greedy)
     assert [r[0].text for r in base] != [r[0].text for r in tuned]
+
+
+@pytest.mark.slow
+def test_eval_answers_by_each_systems_served_name(vllm_server, trained_adapter) -> None:
+    """`wim eval` / `wim compare` with served adapters: each system answers on the server by
+    its adapter's name (registered on the way), the base by the base name."""
+    from training.evaluate import System, generate_answers
+
+    cfg = load_config(QUICKSTART, ["policy.backend=http", f"http.base_urls=[{vllm_server.url}]",
+                                   f"http.model={vllm_server.name}", "http.adapter_serving=vllm",
+                                   "generation.max_new_tokens=24"])
+    prompts = load_prompts("bundled")[:4]
+    systems = [System("policy", cfg.policy.model, str(trained_adapter)),
+               System("base", cfg.policy.model, None)]
+    answers = generate_answers(cfg, systems, prompts, progress=False)
+    name = adapter_name(trained_adapter)
+    assert {a["served_model"] for a in answers["policy"]} == {name}
+    assert {a["served_model"] for a in answers["base"]} == {vllm_server.name}
+    assert name in served_models(vllm_server.url)
+    assert [a["response"] for a in answers["policy"]] != [a["response"] for a in answers["base"]]
