@@ -94,6 +94,7 @@ class FaultProxy:
     Actions: forward (to `upstream`), canned (a valid reply), 500, 429, 400, echo401 (401 whose
     body echoes the Authorization header, as careless servers do), slow (no reply until closed),
     malformed (invalid JSON), nochoices (JSON without choices), close (drop the connection),
+    refuse_n (400 naming `n` to a request with n > 1, else forward),
     forward_then_die (forward, then shut the whole server down: later connects are refused).
     """
 
@@ -136,6 +137,12 @@ class FaultProxy:
                     self._reply(reply.status_code, reply.content)
                     if action == "forward_then_die":
                         threading.Thread(target=proxy.close).start()
+                elif action == "refuse_n" and json.loads(body).get("n", 1) > 1:
+                    self._reply(400, b'{"error": {"message": "\'n\' must be 1"}}')
+                elif action == "refuse_n":
+                    reply = httpx.post(proxy.upstream + self.path.removeprefix("/v1"),
+                                       content=body, headers=JSON_HEADERS, timeout=120)
+                    self._reply(reply.status_code, reply.content)
                 elif action == "canned":
                     self._reply(200, json.dumps(CANNED).encode())
                 elif action in ("500", "429", "400"):
@@ -225,6 +232,20 @@ def test_round_robin_over_urls(stub_url, proxies):
     assert all(c.ok for row in results for c in row)
     assert (a.count, b.count) == (2, 2)
     assert backend.stats["requests"] == 4
+
+
+def test_a_server_that_refuses_n_gets_one_request_per_sample(stub_url, proxies):
+    proxy = proxies(lambda i: "refuse_n", stub_url)
+    backend = _backend([proxy.url], concurrency=1)
+    results = backend.generate(CONVS, PARAMS, n=3, seed=4)
+    assert [len(row) for row in results] == [3, 3]
+    assert all(c.ok for row in results for c in row)
+    # Each sample has its own seed once the server takes one sample per request.
+    assert len({c.text for c in results[0]}) == 3
+    # The first request with n=3 was refused (no retry, no failure), then 6 single requests.
+    assert proxy.count == 7 and backend.stats["requests"] == 7
+    assert backend.stats["n_fallback"] == 1
+    assert backend.stats["failures"] == backend.stats["retries"] == 0
 
 
 def test_slow_reply_is_retried_on_next_url(proxies):
