@@ -27,8 +27,9 @@ from data_gen.stages import (
     judge_samples,
     score_run,
 )
-from wim.backends import Backend, TransformersBackend, open_backend
-from wim.config import Config
+from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
+from wim.backends.adapter_serving import served_http
+from wim.config import Config, judge_http
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
@@ -145,8 +146,11 @@ class Resources:
         """The shared model for training, or None when training must load its own: an adapter
         attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
         PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base."""
-        if self.cfg.policy.backend != "transformers":
+        served = self.cfg.policy.backend == "http" and self.cfg.http.adapter_serving == "vllm"
+        if self.cfg.policy.backend != "transformers" and not served:
             return None
+        if served:  # trained here, served there: a local copy of the policy that rounds keep
+            return self.lm()
         if self.cfg.policy.adapter and self.cfg.training.rounds == 1:
             return None
         return self.lm()
@@ -159,6 +163,11 @@ class Resources:
                 self._policy = TransformersBackend(model, tokenizer,
                                                    batch_size=c.generation.batch_size,
                                                    label=c.policy.model)
+            elif c.policy.backend == "http":
+                # Served adapters: the server samples by the adapter's name (registered now, so
+                # a resumed run registers again what a restarted server lost).
+                http = served_http(c.http, c.policy.adapter)
+                self._policy = open_http_backend(http, c.policy.model)
             else:
                 self._policy = open_backend(c.policy.backend, c.policy.model, c,
                                             batch_size=c.generation.batch_size,
@@ -179,15 +188,21 @@ class Resources:
 def make_judge(cfg: Config, policy) -> BackendJudge:
     """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
     j = cfg.judge
-    if j.role == "external":
-        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size,
-                               dtype=j.dtype)
-        name = j.model or cfg.http.model
+    if j.role == "external" and j.backend == "http":
+        http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
+        backend = open_http_backend(http)
+        name = http.model
+    elif j.role == "external":
+        backend = open_backend(j.backend, j.model, cfg, batch_size=j.batch_size, dtype=j.dtype)
+        name = j.model
     else:
         backend = policy()
         name = cfg.policy.model
         if j.role == "fixed" and isinstance(backend, TransformersBackend):
             backend = backend.reference_view(batch_size=j.batch_size)
+        elif j.role == "fixed" and cfg.policy.backend == "http" and cfg.policy.adapter:
+            # The base model's served name: the frozen reference by construction.
+            backend = open_http_backend(cfg.http, cfg.policy.model)
         elif cfg.policy.adapter:
             name = f"{name} + adapter {cfg.policy.adapter}"
     return BackendJudge(

@@ -253,6 +253,9 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
         record["judge_prompt_truncated"] = True
+    served = getattr(judge, "served_model", None)
+    if served:  # which name the server judged by (base model, or a round's adapter)
+        record["judge_served_model"] = served
     return record
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ SHRUNK = [
 # Fixtures that load a real model or start a server: every test using one is marked `slow` here,
 # so the marking cannot drift. Tests that load a model inline carry the mark themselves.
 REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished_run",
-                       "reference_run", "trained_adapter"}
+                       "reference_run", "trained_adapter", "vllm_server"}
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -106,6 +107,53 @@ def server_url(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    url: str
+    """The OpenAI-compatible base URL (…/v1)."""
+    name: str
+    """The served name of the base model."""
+    model_dir: str
+    """The folder it serves (the bundled model's transformers folder)."""
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """A real vLLM server (the CPU build in .venv-vllm, `make install-vllm`) on the bundled
+    model's folder, with runtime LoRA loading on; one for the whole session (60-100 s to start).
+    Skipped when .venv-vllm is missing, unless WIM_REQUIRE_VLLM=1 (CI), where that fails.
+    WIM_VLLM_URL: use a server already running there instead (started as tools/vllm_server.py
+    starts it, on this machine), e.g. while working on these tests."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_server as launcher
+
+    from wim.models import resolve_causal_lm
+
+    if os.environ.get("WIM_VLLM_URL"):
+        yield VLLMServer(os.environ["WIM_VLLM_URL"].rstrip("/"), launcher.SERVED_NAME,
+                         resolve_causal_lm("bundled:smollm2-135m-instruct"), Path(os.devnull))
+        return
+    if not launcher.DEFAULT_PYTHON.exists():
+        message = f"needs the vLLM venv {launcher.DEFAULT_PYTHON.parents[1]}: make install-vllm"
+        if os.environ.get("WIM_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    port = launcher.free_port()
+    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    model_dir = resolve_causal_lm("bundled:smollm2-135m-instruct")
+    proc = launcher.start(launcher.DEFAULT_PYTHON, model_dir, port, log)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        try:
+            launcher.wait_ready(url, proc, log)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        yield VLLMServer(url, launcher.SERVED_NAME, model_dir, log)
+    finally:
+        launcher.stop(proc)
 
 
 class FlakyServer:

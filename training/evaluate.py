@@ -16,7 +16,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from wim.backends import SamplingParams, TransformersBackend
+from wim.backends import SamplingParams, TransformersBackend, open_http_backend
+from wim.backends.adapter_serving import served_http
 from wim.blind import BlindEvaluator, open_blind_evaluator
 from wim.config import Config
 from wim.context import fit_messages, token_budget
@@ -111,6 +112,15 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
     current: tuple[str, TransformersBackend] | None = None
     out = {}
     for system in tqdm(systems, desc="eval answers", unit="system", disable=not progress):
+        if cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm":
+            # Each system answers on the policy's server, by its adapter's served name.
+            http = served_http(cfg.http, system.adapter)
+            backend = open_http_backend(http, cfg.policy.model)
+            try:
+                out[system.name] = _answer(backend, cfg, prompts, params, system, http.model)
+            finally:
+                backend.close()
+            continue
         if system.adapter is None and current is not None and current[0] == system.model:
             backend = current[1].reference_view()
         else:
@@ -122,7 +132,8 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
     return out
 
 
-def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System) -> list[dict]:
+def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System,
+            served: str | None = None) -> list[dict]:
     g = cfg.generation
     budget = token_budget(backend.context_tokens, params.max_new_tokens, g.max_prompt_tokens)
     convs = []
@@ -130,9 +141,10 @@ def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System)
         messages, _ = fit_messages(list(p.messages), budget, "truncate", backend.count_tokens)
         convs.append(messages or list(p.messages))
     outs = backend.generate(convs, params, n=1, seed=cfg.seed)
+    extra = {"served_model": served} if served else {}
     return [{"system": system.name, "model": system.model, "adapter": system.adapter,
              "prompt_id": p.id, "response": o[0].text, "completion_tokens":
-             o[0].completion_tokens} for p, o in zip(prompts, outs, strict=True)]
+             o[0].completion_tokens, **extra} for p, o in zip(prompts, outs, strict=True)]
 
 
 def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt],

@@ -15,6 +15,7 @@ from typing import Any
 from data_gen.pipeline import DATA_RUNNERS, Resources, StageRunner
 from data_gen.pipeline import run_stages as run_data_stages
 from data_gen.stages import Shard
+from wim.backends.adapter_serving import serve_adapter
 from wim.config import Config
 from wim.rundir import RunDir
 
@@ -34,6 +35,10 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
                                      resume_key=resume_key, lm=lm)
     if lm is not None:
         resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
+    if (cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm"
+            and process_state().is_main_process):
+        # The next round (and `wim eval`) samples by this name on the policy's server.
+        metrics["train/served_adapter"] = serve_adapter(cfg.http, run.file("train") / "adapter")
     metrics["time/train"] = time.perf_counter() - start
     if process_state().is_main_process:
         (run.file("stats")).mkdir(exist_ok=True)

@@ -19,8 +19,8 @@ from wim.errors import ConfigError
 from wim.refine.config import RefineConfig
 from wim.yaml_dataclasses import apply_overrides, build_dataclass, read_yaml
 
-__all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "load_config",
-           "read_yaml"]
+__all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "judge_http",
+           "load_config", "read_yaml"]
 
 
 @dataclass
@@ -108,6 +108,38 @@ class HTTPConfig:
     context_tokens: int | None = None
     """The server model's context length, if known. Without a tokenizer, a prompt's length is
     estimated as characters / 3 (on the safe side); null: no check, the server decides."""
+    adapter_serving: str = "none"
+    """`vllm`: after each round's training the run registers the new LoRA adapter with the
+    server (`POST /v1/load_lora_adapter`; vLLM with `--enable-lora` and
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a name unique to the run and round, and the
+    next round samples by that name (so `training.rounds` > 1 works with an http policy); the
+    changing judge uses it too, the fixed judge the base `model`. `wim eval` / `wim compare`
+    generate each system's answers by its adapter's name. `none`: adapters stay local."""
+    server_paths: dict[str, str] = field(default_factory=dict)
+    """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
+    {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}. An adapter folder under a
+    local prefix is sent with the server's prefix instead; empty: the same paths."""
+
+
+@dataclass
+class JudgeHTTPConfig:
+    """`judge.http`: the judge's own OpenAI-compatible endpoint; each field left null takes its
+    value from the `http:` section (the policy's)."""
+
+    base_urls: list[str] | None = None
+    """The judge's endpoints (…/v1); null: `http.base_urls`."""
+    model: str | None = None
+    """The judge server's name for its model; null: `judge.model`, else `http.model`."""
+    api_key_env: str | None = None
+    """Environment variable holding the judge server's API key; null: `http.api_key_env`."""
+    concurrency: int | None = None
+    """Judge requests in flight at once; null: `http.concurrency`."""
+    timeout_s: float | None = None
+    """Seconds per judge reply; null: `http.timeout_s`."""
+    max_retries: int | None = None
+    """Retries of a judge request; null: `http.max_retries`."""
+    context_tokens: int | None = None
+    """The judge model's context length; null: `http.context_tokens`."""
 
 
 @dataclass
@@ -156,6 +188,10 @@ class JudgeConfig:
     """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
     (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
     server refuses it (`http/judge/guided_refused`). false: plain text only."""
+    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    """The external http judge's own endpoint (`judge.backend: http`), field by field
+    defaulting to `http:`; then the policy samples on one server and the judge answers on
+    another. Fixed and changing judges are the policy and answer where it does."""
 
 
 @dataclass
@@ -356,6 +392,17 @@ class Config:
         if sections is not None:
             data = {k: data[k] for k in sections}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def judge_http(cfg: Config) -> HTTPConfig:
+    """The endpoint settings of an external http judge: `judge.http`, each null field taken
+    from `http` (the model name: `judge.http.model`, else `judge.model`, else `http.model`)."""
+    own = cfg.judge.http
+    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
+              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
+    merged["model"] = own.model or cfg.judge.model or cfg.http.model
+    # Adapters are served by the policy's server only (fixed and changing judges run there).
+    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from wim.config import Config, ConfigError, config_from_dict
+from wim.config import Config, ConfigError, config_from_dict, judge_http
 from wim.errors import WimError
 from wim.precision import machine, pin_dtypes, uses_auto
 from wim.records import read_keyed, storage_error
@@ -46,7 +46,7 @@ SCORING_KEYS = ("judge.on_parse_failure",)
 # The http keys that change which model writes samples or judgements (or which inputs it
 # refuses as too long). concurrency, timeout_s, max_retries and api_key_env change only how
 # requests are sent, never a recorded result, so they may change between runs of one folder.
-HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens")
+HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
 
@@ -60,24 +60,36 @@ class RunDirBusyError(RunDirError):
 
 
 def uses_http(cfg: Config) -> bool:
-    return cfg.policy.backend == "http" or (
-        cfg.judge.role == "external" and cfg.judge.backend == "http"
-    )
+    return cfg.policy.backend == "http" or judge_uses_http(cfg)
+
+
+def judge_uses_http(cfg: Config) -> bool:
+    """An external judge on a server: its endpoint is `judge_http(cfg)`."""
+    return cfg.judge.role == "external" and cfg.judge.backend == "http"
+
+
+def _http_identity(section) -> dict:
+    http = {k: getattr(section, k) for k in HTTP_IDENTITY_KEYS}
+    http["base_urls"] = sorted(http["base_urls"])
+    return http
 
 
 def identity(cfg: Config) -> dict:
     """What must not change within one run directory: the data sections, plus the identifying
-    http keys when a backend is http (base URLs compared as a set: their order is only the
-    round-robin order). `auto` dtypes are resolved on this machine (imports torch)."""
+    http keys of each server that writes records: the policy's (`http`) and an external
+    judge's (`judge.http`, defaulting to `http`). Base URLs are compared as a set: their order
+    is only the round-robin order. `auto` dtypes are resolved on this machine (imports torch)."""
     data = pin_dtypes(cfg).to_dict()
     ident = {k: data[k] for k in DATA_SECTIONS}
     for key in SCORING_KEYS:
         section, name = key.split(".")
         ident[section] = {k: v for k, v in ident[section].items() if k != name}
-    if uses_http(cfg):
-        http = {k: data["http"][k] for k in HTTP_IDENTITY_KEYS}
-        http["base_urls"] = sorted(http["base_urls"])
-        ident["http"] = http
+    # How the judge's requests are sent is not its identity; which server model answers is.
+    ident["judge"] = {k: v for k, v in ident["judge"].items() if k != "http"}
+    if cfg.policy.backend == "http":
+        ident["http"] = _http_identity(cfg.http)
+    if judge_uses_http(cfg):
+        ident["judge_http"] = _http_identity(judge_http(cfg))
     return ident
 
 

@@ -136,6 +136,15 @@ def test_schema_matches_the_parser():
     assert judge_json_schema("numeric")["required"] == ["rating"]
 
 
+def test_the_critique_is_bounded_by_the_token_budget():
+    """maxLength leaves the rating room within judge.max_new_tokens: 2 characters a token,
+    24 tokens for the JSON around the critique."""
+    lengths = [judge_json_schema("wim", t)["properties"]["missing"]["maxLength"]
+               for t in (64, 128, 30)]
+    assert lengths == [80, 208, 12]
+    assert judge_json_schema("wim")["properties"]["missing"]["maxLength"] == 300
+
+
 @pytest.mark.slow
 def test_guided_format_on_a_real_llama_cpp_server(server_url: str, tmp_path: Path) -> None:
     """The bundled judge over HTTP, as configs/http_judge.yaml sets it up (128 new tokens):

@@ -51,6 +51,9 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["tokens/generated"] = report.get("tokens/policy/out", 0)
     report["judge/role"] = cfg.judge.role
     report["judge/model"] = judgements[0]["judge_model"] if judgements else None
+    served = sorted({j["judge_served_model"] for j in judgements if j.get("judge_served_model")})
+    if served:
+        report["judge/served_model"] = ", ".join(served)
     report["judge/mode"] = cfg.judge.mode
     report["policy/model"] = cfg.policy.model
     report["score/embedder"] = cfg.scoring.embedder

@@ -15,6 +15,7 @@ from wim.rundir import RunDir
 # Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
 ROUND_KEYS = ("pairs/count", "pairs/tie_rate/", "pairs/delta/", "pairs/delta_best_worst/",
               "judge/count", "judge/parse_failed", "judge/parse_fail_rate", "judge/model",
+              "judge/served_model",
               "train/", "tokens/", "time/")
 
 
