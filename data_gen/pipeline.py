@@ -1,14 +1,17 @@
-"""`wim run`: generate -> judge -> score -> pairs -> train -> report, in one run directory.
+"""The data stages in one run directory: generate -> judge -> score -> pairs (-> report).
 
-The one place that decides what runs after what. Each stage can also run alone (`wim generate`,
-`wim judge`, ...). The policy model is loaded once and shared: the fixed judge is the same
-weights with any adapter disabled. Training and the report live in `training/` and are imported
-only when their stage runs.
+`run_stages` runs named stages in order, skipping those whose config and inputs are unchanged
+since they finished (fingerprints.py). The data stages are defined here (`wim generate`,
+`wim judge`, `wim score`, `wim pairs`, `wim report`); training (training/run.py) adds its own
+stage to the same loop by passing `runners`, so this package never imports training. The policy
+model is loaded once and shared (`Resources`): the fixed judge is the same weights with any
+adapter disabled, and training may train that same object in place.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from data_gen.fingerprints import (
@@ -29,11 +32,12 @@ from wim.config import Config
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
+from wim.report import write_report
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("generate", "judge", "score", "pairs", "train", "report")
+DATA_STAGES = ("generate", "judge", "score", "pairs", "report")
 
 
 class StageIncomplete(Exception):
@@ -167,22 +171,29 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
     )
 
 
-def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
+# A stage: (cfg, run, resources, shard, progress, fingerprint) -> its stats.
+StageRunner = Callable[[Config, RunDir, Resources, "Shard | None", bool, str], dict[str, Any]]
+
+
+def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
                shard: Shard | None = None, progress: bool = True,
-               resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
+               resources: Resources | None = None, close: bool = True,
+               runners: Mapping[str, StageRunner] | None = None) -> dict[str, Any]:
     """Run the named stages in order; returns the merged stats (the report when it ran).
-    `close`: release the resources' backends at the end (the rounds keep them).
+    `close`: release the resources' backends at the end (the rounds keep them). `runners`: the
+    stages that can run (default: the data stages, DATA_RUNNERS; training adds "train").
 
     A stage whose config and inputs are unchanged since it last finished is skipped (see
     fingerprints.py). Raises StageIncomplete after a stage that lost records to backend failures.
     """
+    runners = DATA_RUNNERS if runners is None else runners
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}
     skipped = []
     try:
         for stage in stages:
-            if stage not in STAGES:
-                raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(STAGES)}")
+            if stage not in runners:
+                raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(runners)}")
             prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
@@ -197,7 +208,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
                 stats = _report(run) if stage == "report" else {**stats, **done}
                 continue
             logger.info("stage %s", stage)
-            out = _run_stage(stage, cfg, run, res, shard, progress, fingerprint)
+            out = runners[stage](cfg, run, res, shard, progress, fingerprint)
             stats = out if stage == "report" else {**stats, **out}
             lost = out.get(f"{stage}/backend_failed", 0)
             if lost:
@@ -210,48 +221,42 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
     return stats
 
 
-def _run_stage(stage: str, cfg: Config, run: RunDir, res: Resources, shard: Shard | None,
-               progress: bool, fingerprint: str) -> dict[str, Any]:
-    if stage == "generate":
-        write_split(run.path, res.prompts(), res.held_out())
-        return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
-    if stage == "judge":
-        return judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress)
-    if stage == "score":
-        return score_run(cfg, run)
-    if stage == "pairs":
-        return export_pairs(cfg, run)
-    if stage == "train":
-        return train_run(cfg, run, progress, resume_key=fingerprint, resources=res)
-    from training.report import write_report
+def _generate(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+              fingerprint: str) -> dict[str, Any]:
+    write_split(run.path, res.prompts(), res.held_out())
+    return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
 
-    return write_report(cfg, run)
+
+def _judge(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+           fingerprint: str) -> dict[str, Any]:
+    return judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress)
+
+
+def _score(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+           fingerprint: str) -> dict[str, Any]:
+    return score_run(cfg, run)
+
+
+def _pairs(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+           fingerprint: str) -> dict[str, Any]:
+    return export_pairs(cfg, run)
+
+
+def _report_stage(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+                  fingerprint: str) -> dict[str, Any]:
+    report = write_report(cfg, run)
+    if cfg.wandb.enabled and cfg.training.rounds == 1:  # rounds: logged once, training/rounds.py
+        from wim.wandb_log import log_single
+
+        log_single(cfg, run, report)  # metrics, critiques table, resolved config
+    return report
+
+
+DATA_RUNNERS: dict[str, StageRunner] = {"generate": _generate, "judge": _judge, "score": _score,
+                                        "pairs": _pairs, "report": _report_stage}
 
 
 def _report(run: RunDir) -> dict[str, Any]:
     import json
 
     return json.loads(run.file("report.json").read_text())
-
-
-def train_run(cfg: Config, run: RunDir, progress: bool = True,
-              resume_key: str | None = None, resources: Resources | None = None
-              ) -> dict[str, Any]:
-    """DPO on the run's pairs, on the shared model when `resources` holds one (trained in
-    place: the next round samples and judges with the new adapter)."""
-    import json
-    import time
-
-    from training.dpo import process_state, train_dpo_model
-
-    start = time.perf_counter()
-    lm = resources.trainable_lm() if resources is not None else None
-    metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
-                                     resume_key=resume_key, lm=lm)
-    if lm is not None:
-        resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
-    metrics["time/train"] = time.perf_counter() - start
-    if process_state().is_main_process:
-        (run.file("stats")).mkdir(exist_ok=True)
-        (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
-    return metrics

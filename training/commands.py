@@ -1,6 +1,7 @@
-"""The `wim eval`, `wim compare` and `wim validity` commands (argument handling and output).
+"""The `wim eval` and `wim compare` commands (argument handling and output).
 
-wim/cli.py parses the arguments and calls these lazily, so `wim --help` stays light.
+wim/cli.py parses the arguments and calls these lazily, so `wim --help` stays light
+(`wim validity` is data_gen/commands.py).
 """
 
 from __future__ import annotations
@@ -64,13 +65,3 @@ def compare_command(args) -> int:
             print(f"wim: incomplete: {err}", file=sys.stderr)
             return 3
     return _print_eval(report, out / "compare.json")
-
-
-def validity_command(args) -> int:
-    from data_gen.validity import scorer_validity
-
-    cfg = load_config(args.config, args.overrides)
-    report = scorer_validity(cfg, args.gold, limit=args.limit, out=Path(args.out) if args.out
-                             else None, progress=not args.no_progress)
-    print(json.dumps(report, indent=2))
-    return 0

@@ -64,7 +64,7 @@ def prepare_config(cfg: Config) -> Config:
 
 
 def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
-    from data_gen.pipeline import run_stages
+    from training.run import run_stages
 
     cfg = prepare_config(cfg)
     shared = RunDir(out / "shared")
@@ -96,7 +96,7 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
 def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
                progress: bool) -> bool:
     """Score, pair and train one arm on the shared records; False when it has no pairs."""
-    from data_gen.pipeline import run_stages
+    from training.run import run_stages
 
     run.claim(arm_cfg)
     _copy_shared(shared, run)

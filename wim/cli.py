@@ -211,13 +211,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
 
-    if args.command in ("eval", "compare", "validity"):
+    if args.command in ("eval", "compare"):
         from training import commands
 
         return getattr(commands, f"{args.command}_command")(args)
+    if args.command == "validity":
+        from data_gen.commands import validity_command
 
-    from data_gen.pipeline import STAGES, Resources, StageIncomplete, run_stages
-    from data_gen.rounds import run_rounds
+        return validity_command(args)
+
+    from data_gen.pipeline import DATA_STAGES, Resources, StageIncomplete
+    from data_gen.pipeline import run_stages as run_data_stages
     from data_gen.stages import Shard
     from wim.rundir import RunDir
 
@@ -228,10 +232,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.shard is None and Path(args.source).is_dir():
         args.shard = RunDir(out).shard() if out == Path(args.source) else None
     shard = Shard.parse(args.shard)
+    # `wim run` and `wim train` are training's (training/); the data stages alone are data_gen's.
     if args.command == "run":
+        from training.rounds import run_rounds
+        from training.run import STAGES
+
+        runner = run_rounds
         stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
+    elif args.command in DATA_STAGES:
+        runner, stages = run_data_stages, (args.command,)
     else:
-        stages = (args.command,)
+        from training.run import run_stages
+
+        runner, stages = run_stages, (args.command,)
     resources = Resources(cfg)
     if {"generate", "judge"} & set(stages):
         resources.prompts()  # a bad prompts file fails before the run directory is touched
@@ -239,7 +252,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     with run.lock("wim " + " ".join(sys.argv[1:])):
         run.claim(cfg, str(shard) if shard else None)
         try:
-            runner = run_rounds if args.command == "run" else run_stages
             result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
                             resources=resources)
         except StageIncomplete as err:
@@ -282,8 +294,8 @@ def _train_distributed(cfg, out: Path, args) -> int:
     import contextlib
 
     from data_gen.fingerprints import input_fingerprint, record_finished
-    from data_gen.pipeline import train_run
     from training.dpo import process_state
+    from training.run import train_run
     from wim.rundir import RunDir
 
     run = RunDir(out)

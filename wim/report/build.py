@@ -1,4 +1,8 @@
-"""The run report: report.json (flat metric keys), report.md, report.html, plots/*.png."""
+"""One run directory -> report.json (flat metric keys), report.md, report.html, plots/*.png.
+
+Reads only the run directory's files and its config; logging elsewhere (wandb) is the
+caller's business.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ import json
 import math
 from typing import Any
 
-from training.report_sections import collect_rounds, evaluation_lines, md_cell, rounds_lines
-from training.report_sections import fmt as _fmt
 from wim.config import Config
 from wim.metrics import domain_name, judge_statistics, pair_statistics
 from wim.records import RecordsError, read_keyed
+from wim.report.sections import collect_rounds, evaluation_lines, md_cell, rounds_lines
+from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
@@ -53,9 +57,9 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     """Rebuild report.json, plots/*.png, report.md and report.html from the run directory."""
-    from training.plots import make_plots
-    from training.report_browser import browser_entries
-    from training.report_html import render_html
+    from wim.report.browser import browser_entries
+    from wim.report.page import render_html
+    from wim.report.plots import make_plots
 
     report = collect_metrics(cfg, run)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
@@ -67,8 +71,6 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
     run.file("report.html").write_text(
         render_html(markdown, run.path, entries, small_judge=is_small_judge(clean)))
-    if cfg.wandb.enabled and cfg.training.rounds == 1:  # rounds: logged once, data_gen/rounds.py
-        _log_wandb(cfg, run, clean)
     return clean
 
 
@@ -194,8 +196,3 @@ def _failure_sentence(r: dict[str, Any]) -> str:
             f"rating_norm 0, {r.get('score/fallback_critique', 0)} without a critique scored by "
             "the rating alone. ")
 
-
-def _log_wandb(cfg: Config, run: RunDir, report: dict[str, Any]) -> None:
-    from training.wandb_log import log_single
-
-    log_single(cfg, run, report)  # metrics, critiques table, resolved config

@@ -1,5 +1,5 @@
 """Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json),
-plus the markdown helpers they share with training/report.py.
+plus the markdown helpers they share with wim/report/build.py.
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
 and training: a list of flat metric dicts, one per round, each with an integer `round` and the

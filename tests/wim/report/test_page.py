@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, run_wim
 
-from training.report_browser import script_json
-from training.report_html import inline, markdown_to_html
 from wim.config import load_config
 from wim.pairs import build_pairs
 from wim.records import write_records_atomic
+from wim.report.browser import script_json
+from wim.report.page import inline, markdown_to_html
 from wim.rundir import RunDir
 
 EVIL = "<script>window.__pwned=1</script><img src=x onerror=alert(1)> & </script>"

@@ -18,23 +18,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 from data_gen.fingerprints import file_sha256
-from data_gen.pipeline import STAGES, Resources, run_stages
+from data_gen.pipeline import Resources
+from training.run import STAGES, run_stages
 from wim.config import Config
 from wim.errors import InputError
+from wim.report import write_rounds_report
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
-
-# Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
-ROUND_KEYS = ("pairs/count", "pairs/tie_rate/", "pairs/delta/", "pairs/delta_best_worst/",
-              "judge/count", "judge/parse_failed", "judge/parse_fail_rate", "judge/model",
-              "train/", "tokens/", "time/")
 
 
 def round_dir(run: RunDir, r: int) -> RunDir:
@@ -91,6 +87,10 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
     finally:
         res.close()
     report = write_rounds_report(cfg, run, reports)
+    if cfg.wandb.enabled:
+        from wim.wandb_log import log_rounds
+
+        log_rounds(cfg, run, report, len(reports))
     report["run/skipped_stages"] = skipped
     return report
 
@@ -112,60 +112,3 @@ def _start_round(run: RunDir, rdir: RunDir, r: int, rounds: int, previous: str |
                                   "previous_adapter_sha256": sha}, indent=2))
 
 
-def per_round_metrics(r: int, report: dict[str, Any]) -> dict[str, Any]:
-    return {f"round/{r}/{k}": v for k, v in report.items()
-            if k.startswith(ROUND_KEYS) and isinstance(v, (int, float, str))
-            and not isinstance(v, bool)}
-
-
-def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
-                        ) -> dict[str, Any]:
-    """The run's report.json: the last round's report (flat keys, as a one-round run has them)
-    plus `training/rounds` and `round/<r>/<metric>` for every round; report.md: a table."""
-    report = {k: v for k, v in reports[-1].items() if k != "run/skipped_stages"}
-    report["training/rounds"] = len(reports)
-    for r, rep in enumerate(reports, start=1):
-        report.update(per_round_metrics(r, rep))
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
-    run.file("report.md").write_text(render_rounds(cfg, clean, len(reports)))
-    if cfg.wandb.enabled:
-        from training.wandb_log import log_rounds
-
-        log_rounds(cfg, run, clean, len(reports))
-    return clean
-
-
-def render_rounds(cfg: Config, r: dict[str, Any], rounds: int) -> str:
-    rows = [("judge", "judge/model"), ("judged", "judge/count"),
-            ("failed to parse", "judge/parse_failed"), ("pairs", "pairs/count"),
-            ("tie rate numeric", "pairs/tie_rate/numeric"), ("tie rate WIM", "pairs/tie_rate/wim"),
-            ("delta numeric", "pairs/delta/numeric"), ("delta WIM", "pairs/delta/wim"),
-            ("DPO loss first", "train/loss_first"), ("DPO loss last", "train/loss_last"),
-            ("reward margin (last)", "train/reward_margin_last"),
-            ("reward accuracy (last)", "train/reward_accuracy_last"),
-            ("tokens generated", "tokens/policy/out"), ("tokens judged", "tokens/judge/out"),
-            ("seconds generate", "time/generate"), ("seconds judge", "time/judge"),
-            ("seconds train", "time/train"), ("peak RSS MB (train)", "train/peak_rss_mb")]
-    lines = ["# WIM run report: rounds", "",
-             f"{rounds} rounds, judge role **{cfg.judge.role}** (fixed: the base model, adapter "
-             "off; changing: the policy of that round, adapter on), adapter "
-             f"`{cfg.training.adapter}`. Each round's full report: `rounds/<r>/report.md`.", ""]
-    if cfg.policy.model == "bundled:smollm2-135m-instruct" and cfg.judge.role != "external":
-        lines += ["> **Read this first.** The 135M bundled model cannot really judge: these "
-                  "numbers are mechanical (every stage ran), not evidence for or against WIM.",
-                  ""]
-    lines += ["| metric | " + " | ".join(f"round {i}" for i in range(1, rounds + 1)) + " |",
-              "|---" * (rounds + 1) + "|"]
-    for label, key in rows:
-        cells = [_cell(r.get(f"round/{i}/{key}")) for i in range(1, rounds + 1)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value).replace("|", "\\|")

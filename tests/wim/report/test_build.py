@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from training.report import render_markdown
 from wim.config import Config
 from wim.metrics import pair_statistics
+from wim.report import render_markdown
 
 NASTY = "law/tax | <b>x</b> 🙂\nnext"
 

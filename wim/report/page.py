@@ -2,7 +2,7 @@
 
 The page is report.md turned into HTML (headings, paragraphs, notes, tables; the plots embedded
 as base64 data URIs) followed by the critique browser. report.md is our own restricted markdown
-(training/report.py); `markdown_to_html` handles exactly that subset. Every piece of text is
+(wim/report/build.py); `markdown_to_html` handles exactly that subset. Every piece of text is
 HTML-escaped on the way out whatever escaping the markdown already did (entities are unescaped,
 then escaped again), so no model or config text can become markup. The browser's data is JSON
 inside `<script type="application/json">` with `<`, `>` and `&` as \\u escapes, and the
@@ -18,14 +18,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from training.report_browser import script_json
+from wim.report.browser import script_json
 
 _IMAGE = re.compile(r"^!\[(?P<alt>.*)\]\((?P<src>[^()\s]+)\)$")
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
 
 
 def _static(name: str) -> str:
-    return files("training").joinpath("static", name).read_text(encoding="utf-8")
+    return files("wim.report").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def _split_unescaped(text: str, sep: str) -> list[str]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from training.plots import plot_rounds, plot_score_distributions, plot_training, plot_win_rates
+from wim.report.plots import plot_rounds, plot_score_distributions, plot_training, plot_win_rates
 
 
 def _bin(value: float) -> int:
@@ -100,7 +100,7 @@ def test_win_rate_plot_draws_rates_and_wilson_intervals(tmp_path) -> None:
 def test_training_history_runs_on_across_rounds(tmp_path) -> None:
     import json
 
-    from training.plots import training_history
+    from wim.report.plots import training_history
     from wim.rundir import RunDir
 
     run = RunDir(tmp_path)

@@ -1,0 +1,57 @@
+"""`wim run` and `wim train`: the data stages (data_gen/pipeline.py), then DPO on the pairs,
+then the report, in one run directory.
+
+The stage order lives here; the loop that runs stages and skips finished ones is
+data_gen.pipeline.run_stages, to which this module adds the "train" stage. Several rounds and
+online DPO build on this (training/rounds.py, training/online.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from data_gen.pipeline import DATA_RUNNERS, Resources, StageRunner
+from data_gen.pipeline import run_stages as run_data_stages
+from data_gen.stages import Shard
+from wim.config import Config
+from wim.rundir import RunDir
+
+STAGES = ("generate", "judge", "score", "pairs", "train", "report")
+
+
+def train_run(cfg: Config, run: RunDir, progress: bool = True,
+              resume_key: str | None = None, resources: Resources | None = None
+              ) -> dict[str, Any]:
+    """DPO on the run's pairs, on the shared model when `resources` holds one (trained in
+    place: the next round samples and judges with the new adapter)."""
+    from training.dpo import process_state, train_dpo_model
+
+    start = time.perf_counter()
+    lm = resources.trainable_lm() if resources is not None else None
+    metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
+                                     resume_key=resume_key, lm=lm)
+    if lm is not None:
+        resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
+    metrics["time/train"] = time.perf_counter() - start
+    if process_state().is_main_process:
+        (run.file("stats")).mkdir(exist_ok=True)
+        (run.file("stats") / "train.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _train(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+           fingerprint: str) -> dict[str, Any]:
+    return train_run(cfg, run, progress, resume_key=fingerprint, resources=res)
+
+
+RUNNERS: dict[str, StageRunner] = {**DATA_RUNNERS, "train": _train}
+
+
+def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
+               shard: Shard | None = None, progress: bool = True,
+               resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
+    """The named stages of `STAGES` in order (see data_gen.pipeline.run_stages)."""
+    return run_data_stages(cfg, run, stages, shard=shard, progress=progress,
+                           resources=resources, close=close, runners=RUNNERS)
