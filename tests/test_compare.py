@@ -21,6 +21,41 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _pairs(n: int) -> list[dict]:
+    return [{"prompt_id": f"p{i}", "chosen": f"good {i}", "rejected": f"bad {i}",
+             "chosen_sample_idx": 0, "rejected_sample_idx": 1,
+             "chosen_score": 0.9, "rejected_score": 0.1} for i in range(n)]
+
+
+def test_random_control_flips_a_seeded_half_of_the_pairs(tmp_path: Path):
+    """Checked against the pairs it was given, not against its own `flipped` flag: a control
+    that never flipped, flipped everything or ignored its seed would fail here."""
+    from training.compare import randomize_pairs
+    from wim.records import write_records_atomic
+
+    flips = {}
+    for seed in (0, 0, 1):
+        path = tmp_path / f"pairs_{seed}.jsonl"
+        write_records_atomic(path, _pairs(200))
+        randomize_pairs(path, seed)
+        rows = read_records(path)
+        swapped = []
+        for original, row in zip(_pairs(200), rows, strict=True):
+            flipped = row["chosen"] == original["rejected"]
+            if flipped:  # both sides and their audit fields change places
+                assert (row["rejected"], row["chosen_sample_idx"], row["rejected_score"]) == (
+                    original["chosen"], 1, 0.9)
+            else:
+                assert {k: row[k] for k in original} == original
+            assert row["flipped"] is flipped and row["random_control"] is True
+            swapped.append(flipped)
+        if seed in flips:
+            assert swapped == flips[seed]  # the same seed flips the same pairs
+        flips[seed] = swapped
+    assert 70 <= sum(flips[0]) <= 130  # about half (binomial(200, 1/2): 5.6 sd either side)
+    assert flips[0] != flips[1]  # another seed, other pairs
+
+
 @pytest.mark.slow
 def test_compare_on_the_quickstart_config(tmp_path: Path):
     out = tmp_path / "compare"

@@ -92,8 +92,9 @@ def timed(run: Callable[[], int]) -> tuple[float, int]:
 def naive_loop(model, tokenizer, convs) -> int:
     import torch
 
-    from wim.backends.transformers_backend import (
-        _count_generated,  # the same count as TransformersBackend
+    from wim.backends.transformers_backend import (  # the same count as TransformersBackend
+        TransformersBackend,
+        _count_generated,
     )
 
     torch.manual_seed(0)
@@ -112,7 +113,9 @@ def naive_loop(model, tokenizer, convs) -> int:
                     num_return_sequences=1,
                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
                 )
-            tokens += _count_generated(out[0, enc.input_ids.shape[1] :], tokenizer)
+            tokens += _count_generated(out[0, enc.input_ids.shape[1] :],
+                                       TransformersBackend(model, tokenizer).end_ids(),
+                                       tokenizer.pad_token_id)
     return tokens
 
 

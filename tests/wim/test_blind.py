@@ -182,8 +182,16 @@ def test_bundled_local_evaluator_gives_verdicts_or_counted_failures():
     for v in verdicts:
         # Guided decoding restricts the value to A, B or tie, so every verdict parses.
         assert v.winner in ("a", "b", "tie") and v.failure is None, v.raw
-        assert len(v.raw) == 2 and all(r.startswith("Reason:") for r in v.raw) and v.tokens > 0
-        assert all(re.search(r"\nVerdict: (A|B|tie)$", r) for r in v.raw), v.raw
+        # "Reason:" and "Verdict:" are the evaluator's own (prefill and guide); the reason in
+        # between and the letter are the model's, and the winner maps the two orders' letters
+        # back to the answers (a is A in the first order, B in the second).
+        assert len(v.raw) == 2 and v.tokens > 0
+        found = [re.fullmatch(r"Reason:(.*\S.*)\nVerdict: (A|B|tie)", r, re.S) for r in v.raw]
+        assert all(found), v.raw
+        first, second = (m.group(2) for m in found)
+        a_first = {"A": "a", "B": "b", "tie": "tie"}[first]
+        a_second = {"A": "b", "B": "a", "tie": "tie"}[second]
+        assert v.winner == (a_first if a_first == a_second else "tie"), v.raw
     allowed = {str(build_pair_messages(q, x, y)) for q, x, y in
                [(qs[0], "Paris.", "I like turtles."), (qs[0], "I like turtles.", "Paris."),
                 (qs[1], "Eight.", "Six."), (qs[1], "Six.", "Eight.")]}

@@ -33,6 +33,7 @@ class FormatServer:
                  message: str = "response_format type {} is not supported") -> None:
         self.refuse, self.status, self.message = refuse, status, message
         self.seen: list[str | None] = []  # the response_format type of each request
+        self.bodies: list[dict] = []  # each request as sent
         self.lock = threading.Lock()
         server = self
 
@@ -46,11 +47,14 @@ class FormatServer:
                 kind = fmt["type"] if fmt else None
                 with server.lock:
                     server.seen.append(kind)
+                    server.bodies.append(body)
                 if kind in server.refuse:
                     status = server.status
                     reply = {"error": {"message": server.message.format(kind)}}
                 else:
-                    text = ('{"missing": "the unit", "rating": 6}' if kind
+                    wim = not fmt or "missing" in json.dumps(fmt)
+                    text = ('{"missing": "the unit", "rating": 6}' if kind and wim
+                            else '{"rating": 6}' if kind
                             else "Missing: the unit\nRating: 6")
                     status, reply = 200, {"choices": [{"message": {"content": text}}],
                                           "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
@@ -70,11 +74,57 @@ class FormatServer:
         self.httpd.server_close()
 
 
-def _judge(server: FormatServer, guided: bool = True) -> tuple[BackendJudge, HTTPBackend]:
+def _judge(server: FormatServer, guided: bool = True, mode: str = "wim"
+           ) -> tuple[BackendJudge, HTTPBackend]:
     backend = HTTPBackend([server.url], "m", concurrency=1, max_retries=2, backoff_s=0.0)
     judge = BackendJudge(backend, role="external", model_name="m", max_retries=0,
-                         guided_json=guided)
+                         guided_json=guided, mode=mode)
     return judge, backend
+
+
+# The schemas the module docstrings of wim/judge_prompts.py and wim/backends/http_backend.py
+# describe, written out here rather than built by the code under test: an integer rating out
+# of an enum of 1..10, and in wim mode a critique string of at most 2 characters per token of
+# the judge's budget left after 24 tokens of JSON around it.
+RATING = {"type": "integer", "enum": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}
+
+
+def expected_schema(mode: str, max_new_tokens: int) -> dict:
+    if mode == "numeric":
+        return {"type": "object", "properties": {"rating": RATING}, "required": ["rating"],
+                "additionalProperties": False}
+    return {"type": "object",
+            "properties": {"missing": {"type": "string", "maxLength": 2 * (max_new_tokens - 24)},
+                           "rating": RATING},
+            "required": ["missing", "rating"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("mode", ["wim", "numeric"])
+def test_the_exact_schema_is_sent_in_both_forms(mode):
+    server = FormatServer(refuse=("json_schema",))
+    try:
+        judge, _ = _judge(server, mode=mode)
+        results = judge.judge(ITEMS)
+    finally:
+        server.close()
+    schema = expected_schema(mode, judge.max_new_tokens)
+    first, *rest = server.bodies
+    assert first["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "wim_judgement", "schema": schema, "strict": True}}
+    assert len(rest) == len(ITEMS)
+    for body in rest:
+        assert body["response_format"] == {"type": "json_object", "schema": schema}
+    # The rest of each request: the judge's greedy first attempt, its own token limit, the
+    # instructions and the item (the format is asked for, not prefilled).
+    for body, (prompt, response) in zip(rest, ITEMS, strict=True):
+        assert body["model"] == "m" and body["temperature"] == 0.0
+        assert body["max_tokens"] == judge.max_new_tokens
+        text = json.dumps(body["messages"])
+        assert json.dumps(prompt)[1:-1] in text and json.dumps(response)[1:-1] in text
+        assert body["messages"][-1]["role"] == "user"
+    assert all(r.parse_ok and r.rating == 6 for r in results)
+    assert [r.critique for r in results] == (["the unit"] * 3 if mode == "wim" else [None] * 3)
 
 
 @pytest.mark.parametrize("status", [400, 422, 500])

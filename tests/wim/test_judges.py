@@ -92,6 +92,48 @@ def test_authors_format_through_the_judge() -> None:
     assert result.critique == "It never gives the year, 1789."
 
 
+class PrefillBackend(Backend):
+    """A backend that prefills the assistant turn, as every local backend does: it records each
+    call's prefills and stop strings and replies from a script per call (a list per item)."""
+
+    name = "prefill-scripted"
+    supports_prefill = True
+
+    def __init__(self, steps: list[list[str]]) -> None:
+        self.steps = list(steps)
+        self.calls: list[tuple[list, tuple[str, ...], int]] = []
+
+    def generate(self, conversations, params, *, n=1, seed=0, prefill=None):
+        prefills = prefill if isinstance(prefill, list) else [prefill] * len(conversations)
+        self.calls.append((prefills, params.stop, params.max_new_tokens))
+        replies = self.steps.pop(0)
+        return [[Completion(text, 10, 5)] for text in replies]
+
+
+def test_authors_format_in_three_prefilled_steps() -> None:
+    """Explanation up to "[[", the rating up to "]]", the critique up to "]]]": what each step
+    is handed, and what the whole parses to. The second item's replies run on past the stop
+    strings (a backend that does not cut at them): the rating step is cut at its first "]"."""
+    backend = PrefillBackend([
+        ["Correct but thin.\n", "Fine. [[ignored"],
+        ["6", "9]] and more"],
+        ["It never gives the year, 1789.", "Nothing.]]] trailing"],
+    ])
+    results = _judge(backend, prompt="authors", max_new_tokens=20, max_retries=0).judge(
+        [("q1", "a1"), ("q2", "a2")])
+    first = "Correct but thin.\n[["
+    assert [call[0] for call in backend.calls] == [
+        [None, None],
+        [first, "Fine. [[ignored\n[["],
+        [first + "6]]\n[[[", "Fine. [[ignored\n[[9]]\n[[["]]
+    assert [call[1:] for call in backend.calls] == [(("[[",), 20), (("]]",), 4), (("]]]",), 20)]
+    one, two = results
+    assert one.raw == "Correct but thin.\n[[6]]\n[[[It never gives the year, 1789.]]]"
+    assert (one.parse_ok, one.rating, one.critique) == (True, 6, "It never gives the year, 1789.")
+    assert (one.prompt_tokens, one.completion_tokens, one.attempts) == (30, 15, 1)
+    assert (two.rating, two.critique) == (9, "")  # "Nothing." is nothing missing
+
+
 def test_only_failures_are_asked_again() -> None:
     backend = ScriptedBackend(["Missing: the date\nRating: 4", "nope", "Missing: a\nRating: 6"])
     results = _judge(backend, max_retries=1).judge([("q1", "a1"), ("q2", "a2")])
@@ -127,18 +169,28 @@ def test_guided_format_on_the_bundled_model(bundled: TransformersBackend, monkey
     reference = bundled.reference_view()
     calls = []
     real = reference.generate
-    monkeypatch.setattr(reference, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def generate(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(reference, "generate", generate)
     judge = BackendJudge(reference, role="fixed", model_name="bundled",
                          criteria="accuracy", max_new_tokens=24, max_retries=0)
     items = [("Why is the sky blue?", "Because of the sun."),
              ("What is 2 + 2?", "4, because two and two make four.")]
     results = judge.judge(items, seed=3)
-    for r in results:
+    assert len(calls) == 1  # critique and rating in one generate call
+    for r, [completion] in zip(results, calls[0], strict=True):
         # The guide forces the labels; the value after "Rating:" is the model's own, and the
         # parser must find a valid 1-10 integer there on the first, greedy attempt.
         assert r.rating is not None and 1 <= r.rating <= 10, r.raw
-        assert r.completion_tokens <= 24
-    assert len(calls) == 1  # critique and rating in one generate call
+        # The judgement's text and token counts are the backend's completion's (tests/wim/
+        # test_prefix_cache.py checks the backend's count on a model whose tokens are known).
+        assert r.raw == "Missing:" + completion.text
+        assert (r.prompt_tokens, r.completion_tokens) == (completion.prompt_tokens,
+                                                          completion.completion_tokens)
+        assert completion.completion_tokens > 0
 
 
 @pytest.mark.slow

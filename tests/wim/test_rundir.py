@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,29 @@ HTTP = ["judge.role=external", "judge.backend=http", "http.base_urls=[http://a:1
 
 
 def test_second_lock_fails_at_once_and_names_the_holder(tmp_path: Path) -> None:
+    """While the first lock is held, a second one raises: a lock that waited instead would
+    never return inside the first's block (the thread's join timeout only guards the test
+    against that hang)."""
+    import threading
+
     run = RunDir(tmp_path / "run")
+    raised: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with run.lock("wim run second"):
+                pass
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            raised.append(err)
+
     with run.lock("wim run first"):
-        start = time.monotonic()
-        with pytest.raises(RunDirBusyError) as info, run.lock("wim run second"):
-            pass
-        assert time.monotonic() - start < 1
-    message = str(info.value)
+        thread = threading.Thread(target=second, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the second lock waited for the first"
+    [error] = raised
+    assert isinstance(error, RunDirBusyError)
+    message = str(error)
     assert f"process {os.getpid()}" in message and "wim run first" in message
     assert "run this command again" in message
     with run.lock("wim run third"):  # released when the first command ended

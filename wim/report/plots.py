@@ -188,10 +188,17 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
     ax.set_yticklabels([f"{c.get('name', '?')}" for c in rows])
     ax.set_xlim(0, 1)
     ax.set_xlabel("win rate of A over B (ties count half)")
+    # Read back from the artists: each point, the tick label at its height, and the ends of
+    # the error bar through it.
+    names_at = {float(y): t.get_text() for y, t in zip(ax.get_yticks(), ax.get_yticklabels(),
+                                                        strict=True)}
+    spans = {float(seg[0][1]): (float(seg[0][0]), float(seg[1][0]))
+             for seg in bars.lines[2][0].get_segments()}
+    points = [(float(x), float(y)) for x, y in zip(bars.lines[0].get_xdata(),
+                                                    bars.lines[0].get_ydata(), strict=True)]
     _save(fig, path)
-    drawn_x = [float(v) for v in bars.lines[0].get_xdata()]
-    return {"names": [str(c.get("name")) for c in rows], "win_rate": drawn_x,
-            "low": lows, "high": highs}
+    return {"names": [names_at[y] for _, y in points], "win_rate": [x for x, _ in points],
+            "low": [spans[y][0] for _, y in points], "high": [spans[y][1] for _, y in points]}
 
 
 # Files this module writes; any other DIR/plots/*.png (a refinement run's quality-against-

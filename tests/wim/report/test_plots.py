@@ -89,11 +89,14 @@ def test_win_rate_plot_draws_rates_and_wilson_intervals(tmp_path) -> None:
         {"name": "wim vs base", "win_rate": 0.62, "wilson_95": [0.5, 0.72]},
         {"name": "numeric vs base", "win_rate": 0.48, "wilson_95": [0.37, 0.59]},
         {"name": "no data", "win_rate": None, "wilson_95": None},
+        {"name": "no interval", "win_rate": 0.3, "wilson_95": None},  # drawn without a bar
     ]
+    # Read back from the figure (the tick label beside each point, the error bar's ends).
     drawn = plot_win_rates(comparisons, tmp_path / "win.png")
-    assert drawn["names"] == ["wim vs base", "numeric vs base"]
-    assert drawn["win_rate"] == pytest.approx([0.62, 0.48])
-    assert drawn["low"] == [0.5, 0.37] and drawn["high"] == [0.72, 0.59]
+    assert drawn["names"] == ["wim vs base", "numeric vs base", "no interval"]
+    assert drawn["win_rate"] == pytest.approx([0.62, 0.48, 0.3])
+    assert drawn["low"] == pytest.approx([0.5, 0.37, 0.3])
+    assert drawn["high"] == pytest.approx([0.72, 0.59, 0.3])
     assert plot_win_rates([{"name": "x", "win_rate": math.nan}], tmp_path / "w2.png") is None
 
 
