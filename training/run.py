@@ -66,12 +66,15 @@ def _eval(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progres
                     else "nothing held out (prompts.holdout is 0)")
         return {}
     start = time.perf_counter()
-    res.close()  # the evaluation loads policy and base itself; the judge's backends go
     report = evaluate_run(cfg, run, progress=progress)
     primary = report["comparisons"][0]
-    return {"eval/win_rate": primary["win_rate"], "eval/p_value": primary["p_value"],
-            "eval/min_attainable_p_holm": report["min_attainable_p_holm"],
-            "time/eval": time.perf_counter() - start}
+    stats = {"eval/win_rate": primary["win_rate"], "eval/p_value": primary["p_value"],
+             "eval/order_agreement": primary["order_agreement"],
+             "eval/min_attainable_p_holm": report["min_attainable_p_holm"],
+             "time/eval": time.perf_counter() - start}
+    run.file("stats").mkdir(exist_ok=True)
+    (run.file("stats") / "eval.json").write_text(json.dumps(stats, indent=2))
+    return stats
 
 
 RUNNERS: dict[str, StageRunner] = {**DATA_RUNNERS, "train": _train, "eval": _eval}
