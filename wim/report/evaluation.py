@@ -68,9 +68,9 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
     bootstrap = (f"paired bootstrap 95% {interval(prim.get('bootstrap_95'))}"
                  if prim.get("bootstrap_95") else cell(prim.get("bootstrap_note") or "no interval"))
     agree = prim.get("order_agreement")
-    agree_text = (f"{num(agree)} of {prim.get('orders_compared')} prompts asked in both orders "
-                  "(the two orders named the same answer; low agreement is position bias)"
-                  if agree is not None else "- (not asked in both orders)")
+    agree_text = (f"{num(agree)}, the share of the {prim.get('orders_compared')} prompt(s) asked "
+                  "in both orders whose two verdicts named the same answer (low agreement is "
+                  "position bias)" if agree is not None else "- (no prompt asked in both orders)")
     lines = [f"**Primary comparison (pre-specified): {cell(prim['name'])}**",
              f"- a = `{cell(prim.get('a'))}`, b = `{cell(prim.get('b'))}`; n = {prim.get('n')}: "
              f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
