@@ -15,6 +15,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 # 4 prompts, 2 samples, 16 new tokens, 2 DPO steps: every stage for real, in about a minute.
 SHRUNK = [
+    "prompts.holdout=0",  # the quickstart holds out 16 prompts; shrunk runs evaluate nothing
     "prompts.limit=4",
     "generation.max_new_tokens=16",
     "generation.batch_size=2",
@@ -233,10 +234,11 @@ def flaky_server():
 def http_overrides(url: str) -> list[str]:
     """Policy and judge both over HTTP, requests failing fast; numeric judging, so that no
     embedder (no local model at all) is needed."""
-    return ["policy.backend=http", "judge.role=external", "judge.backend=http",
-            f"http.base_urls=[{url}]", "http.model=flaky", "http.max_retries=0",
-            "http.concurrency=2", "http.timeout_s=10", "generation.batch_size=2",
-            "judge.max_retries=1", "judge.mode=numeric", "scoring.zeta=0"]
+    return ["prompts.holdout=0", "policy.backend=http", "judge.role=external",
+            "judge.backend=http", f"http.base_urls=[{url}]", "http.model=flaky",
+            "http.max_retries=0", "http.concurrency=2", "http.timeout_s=10",
+            "generation.batch_size=2", "judge.max_retries=1", "judge.mode=numeric",
+            "scoring.zeta=0"]
 
 
 # Pairs whose chosen side is clearly better: a correct, complete answer against garbage.

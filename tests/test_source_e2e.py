@@ -19,7 +19,8 @@ QUESTIONS = ("What is the capital of France?", "How many legs does a spider have
              "Why is the sky blue?", "What is 12 times 12?", "Name a primary colour.",
              "What do bees make?", "What is frozen water called?", "Which planet do we live on?")
 # Tiny judging on the bundled models (tests/conftest.py SHRUNK, without its prompt limit).
-SMALL = ["judge.max_new_tokens=24", "judge.max_retries=1", "generation.batch_size=4",
+SMALL = ["prompts.holdout=0", "judge.max_new_tokens=24", "judge.max_retries=1",
+         "generation.batch_size=4",
          "dpo.max_steps=2", "dpo.per_device_train_batch_size=2", "dpo.max_length=128"]
 NO_POLICY = "policy.model=/nonexistent/policy"  # loading it would fail: proves nothing samples
 

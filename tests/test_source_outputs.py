@@ -115,7 +115,7 @@ def test_wim_pairs_and_report_on_written_scores(tmp_path: Path) -> None:
     out = tmp_path / "run"
     source = tmp_path / "uf.jsonl"
     source.write_text('{"prompt": "q", "responses": ["a", "b"]}\n')  # (its content unused here)
-    cfg = load_config(QUICKSTART, [f"generation.source={source}"])
+    cfg = load_config(QUICKSTART, [f"generation.source={source}", "prompts.holdout=0"])
     run = RunDir(out)
     run.ensure_folder()
     run.save_config(cfg)

@@ -75,6 +75,10 @@ def _pair_reply(messages: list[dict]) -> str:
     user = messages[-1]["content"]
     if "UNPARSEABLE" in user:
         return "I cannot decide."
+    if "PLACEHOLDER" in user:  # copies the template's format line, as the 135M model does
+        return "Reason: <one short sentence>\nVerdict: A"
+    if "TIE" in user:
+        return "Reason: same.\nVerdict: tie"
     if "Answer A:" not in user:  # pointwise
         return "Reason: ok\nScore: 9" if "GOOD" in user else "Reason: meh\nScore: 2"
     first, second = _answers(user)
@@ -123,6 +127,25 @@ def test_position_bias_becomes_a_tie(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
     assert verdicts[0].winner == "tie" and verdicts[0].failure is None
     assert len(recorder.requests) == 2
+    # Both orders kept: "A" both times is a for the first order and b for the second.
+    assert verdicts[0].orders == ("a", "b") and verdicts[0].tie_kind == "order_disagreement"
+
+
+def test_tie_kinds_real_disagreement_identical(recorder):
+    verdicts = _evaluator(recorder.url).pairwise(["TIE?", "Q?", "R?"], ["x", "one", "same"],
+                                                 ["y", "two", "same"])
+    assert [v.tie_kind for v in verdicts] == ["real", "order_disagreement", "identical"]
+    assert verdicts[0].orders == ("tie", "tie")
+
+
+def test_a_copied_placeholder_is_a_failed_verdict_retried_and_counted(recorder):
+    assert parse_verdict("Reason: <one short sentence>\nVerdict: A") == (
+        None, "copied the template placeholder '<one short sentence>'")
+    assert parse_score("Reason: <One short sentence>\nScore: 7")[0] is None
+    assert parse_verdict("Reason: fine.\nVerdict: A") == ("A", None)
+    verdicts = _evaluator(recorder.url, retries=1).pairwise(["PLACEHOLDER?"], ["x"], ["y"])
+    assert verdicts[0].winner is None and "placeholder" in verdicts[0].failure
+    assert len(recorder.requests) == 2 * 2  # each order asked again once
 
 
 def test_identical_answers_tie_without_a_call(recorder):

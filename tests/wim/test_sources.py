@@ -142,7 +142,8 @@ def test_content_hash_follows_the_bytes(tmp_path: Path) -> None:
 
 def test_config_refuses_a_source_with_prompts_or_rounds() -> None:
     base = ROOT / "configs" / "quickstart.yaml"
-    cfg = load_config(base, ["generation.source=x.jsonl",
+    # The quickstart holds out prompts for its blind evaluation; a source has none to hold out.
+    cfg = load_config(base, ["generation.source=x.jsonl", "prompts.holdout=0",
                              "generation.source_columns={prompt: question}"])
     assert cfg.generation.source_columns == {"prompt": "question"}
     for extra, key in ((["prompts.source=p.jsonl"], "prompts.source"),
@@ -151,4 +152,4 @@ def test_config_refuses_a_source_with_prompts_or_rounds() -> None:
                        (["generation.source_columns={question: q}"], "source_columns"),
                        (["generation.source_shape=table"], "source_shape")):
         with pytest.raises(ConfigError, match=key):
-            load_config(base, ["generation.source=x.jsonl", *extra])
+            load_config(base, ["generation.source=x.jsonl", "prompts.holdout=0", *extra])

@@ -37,7 +37,7 @@ SMALL_JUDGE_NOTE = (
 
 def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    for stage in ("generate", "judge", "score", "pairs", "train"):
+    for stage in ("generate", "judge", "score", "pairs", "train", "eval"):
         path = run.file("stats") / f"{stage}.json"
         if path.exists():
             stats = json.loads(path.read_text())
@@ -152,7 +152,8 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
                ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
     systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
-    lines = _summary_lines(r) + [
+    # The answer to "did training help?" (with its power and warnings) comes first.
+    lines = _summary_lines(r) + evaluation_lines(evaluation) + [
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
         "| metric | " + " | ".join(label for _, label in systems) + " |",
@@ -198,7 +199,6 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
                   f"{_fmt(r.get('train/loss_first'))} -> {_fmt(r.get('train/loss_last'))}; "
                   f"LoRA weight change (L2) {_fmt(r.get('train/lora_delta_norm'))}."]
     lines += rounds_lines(r.get("rounds"))
-    lines += evaluation_lines(evaluation)
     if plots:
         lines += ["", "## Plots"]
     for path, caption in plots:

@@ -1,4 +1,5 @@
-"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json),
+"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
+rendered by evaluation.py),
 plus the markdown helpers they share with wim/report/build.py.
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
@@ -18,6 +19,7 @@ from typing import Any
 from wim.config import Config
 from wim.metrics import pair_statistics
 from wim.records import read_records
+from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
 SYSTEMS = ("numeric", "wim", "mixed")
@@ -85,50 +87,19 @@ def rounds_lines(value: Any) -> list[str]:
     return lines
 
 
-def _interval(value: Any) -> str:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"{fmt(_num(value[0]), True)} - {fmt(_num(value[1]), True)}"
-    return "n/a"
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
-
-
-def _p(value: Any) -> str:
-    v = _num(value)
-    return "n/a" if v is None or math.isnan(v) else f"{v:.3g}"
-
-
 def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
-    """The blind evaluation (eval.json) as a table: win rates (ties half) with Wilson and
-    paired-bootstrap 95% intervals, raw and Holm-adjusted p-values, length-controlled rate."""
+    """The blind evaluation (eval.json): warnings and the power statement first, then the
+    primary comparison with its own test, then every comparison, each interval labelled
+    (wim/report/evaluation.py). The report puts it at the top."""
     if not evaluation:
         return []
-    lines = ["", "## Blind evaluation (eval.json)", ""]
+    lines = ["## Blind evaluation: did training help? (eval.json)", ""]
     who = evaluation.get("evaluator") or {}
     if isinstance(who, dict) and who:
         lines += ["Evaluator: " + "; ".join(f"{md_cell(k)} {md_cell(v)}"
-                                            for k, v in who.items()) + ".", ""]
-    if evaluation.get("mechanical_warning"):
-        lines += [f"> **Mechanical numbers.** {md_cell(evaluation['mechanical_warning'])}", ""]
-    lines += ["| comparison | A | B | n | wins / losses / ties | failures | win rate A | "
-              "Wilson 95% | bootstrap 95% | p | p (Holm) | length-controlled |",
-              "|---" * 12 + "|"]
-    for c in evaluation.get("comparisons", []):
-        record = " / ".join(fmt(c.get(k)) for k in ("wins", "losses", "ties"))
-        lines.append(
-            f"| {md_cell(c.get('name', ''))} | {md_cell(c.get('a', ''))} | "
-            f"{md_cell(c.get('b', ''))} | {fmt(c.get('n'))} | {record} | "
-            f"{fmt(c.get('failures'))} | {fmt(_num(c.get('win_rate')), True)} | "
-            f"{_interval(c.get('wilson_95'))} | {_interval(c.get('bootstrap_95'))} | "
-            f"{_p(c.get('p_value'))} | {_p(c.get('p_holm'))} | "
-            f"{fmt(_num(c.get('lc_win_rate')), True)} |")
-    lines += ["", "Ties count half; failures (verdicts that did not parse after retries) count "
-              "for neither side. p: exact two-sided binomial test against "
-              "50%; Holm-adjusted across every comparison of this report."]
-    return lines
+                                            for k, v in who.items())
+                  + f"; held-out prompts: {fmt(evaluation.get('held_out_prompts'))}.", ""]
+    return lines + evaluation_body(evaluation)
 
 
 def read_agreement(run: RunDir) -> dict[str, Any] | None:
