@@ -133,7 +133,7 @@ def test_generate_from_a_source_loads_no_model_and_resumes(tmp_path: Path) -> No
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     cmd = ["generate", str(QUICKSTART), "--out", str(out), "--no-progress",
-           *sets([f"generation.source={source}", NO_POLICY])]
+           *sets([f"generation.source={source}", NO_POLICY, "prompts.holdout=0"])]
     run_wim(cmd)
     samples = read_keyed(out / "samples.jsonl")
     assert len(samples) == 9 and "lonely" not in {s["prompt_id"] for s in samples}
@@ -160,7 +160,8 @@ def test_generate_from_a_source_loads_no_model_and_resumes(tmp_path: Path) -> No
                                                             "responses": "not a list"}) + "\n")
     fresh = tmp_path / "fresh"
     proc = run_wim(["generate", str(QUICKSTART), "--out", str(fresh), "--no-progress",
-                    *sets([f"generation.source={bad}", NO_POLICY])], check=False)
+                    *sets([f"generation.source={bad}", NO_POLICY, "prompts.holdout=0"])],
+                   check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"Response source file '{bad}', line 2: 'responses' is a str, not a list" in \
         proc.stderr
