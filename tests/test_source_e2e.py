@@ -117,7 +117,8 @@ def test_preference_file_agreement_with_its_labels_and_no_policy(tmp_path: Path)
     assert agreement["labels"] == "chosen/rejected" and agreement["pairs"] == 8
     report = (out / "report.md").read_text()
     assert "## Agreement with the source's own preferences" in report
-    assert "| system | n | right | wrong | ties | failures | accuracy |" in report
+    assert ("| system | n | right | wrong | ties | failures | accuracy (ties half) | "
+            "bootstrap 95% | right / decided (ties out) | Clopper-Pearson 95% |") in report
     for system in ("numeric", "wim", "zeta=0.4"):
         row = agreement["systems"][system]
         assert f"| {system} | {row['n']} | {row['right']} | {row['wrong']} |" in report
