@@ -15,7 +15,8 @@ from wim.backends.adapter_serving import served_models
 from wim.records import read_records
 
 # 8 prompts x 2 samples; a high learning rate so that 4 DPO steps move the greedy judge.
-ROUNDS = ["prompts.limit=8", "generation.max_new_tokens=32", "generation.batch_size=8",
+ROUNDS = ["prompts.limit=8", "prompts.holdout=0", "generation.max_new_tokens=32",
+          "generation.batch_size=8",
           "judge.max_new_tokens=64", "judge.max_retries=1", "dpo.max_steps=4",
           "dpo.per_device_train_batch_size=2", "dpo.max_length=128", "dpo.learning_rate=5e-3",
           "policy.backend=http", "http.adapter_serving=vllm", "http.timeout_s=300",
