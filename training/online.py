@@ -177,13 +177,15 @@ def online_args(cfg: Config, output_dir: Path, progress: bool):
     from wim.models import device_and_dtype
 
     d, t = cfg.dpo, cfg.training
+    device, dtype = device_and_dtype(cfg.policy.dtype)
     return OnlineDPOConfig(
         output_dir=str(output_dir), learning_rate=d.learning_rate, beta=[d.beta],
         max_steps=d.max_steps, per_device_train_batch_size=d.per_device_train_batch_size,
         gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
         max_new_tokens=t.online_max_new_tokens, temperature=t.online_temperature,
         top_p=cfg.generation.top_p, logging_steps=d.logging_steps, seed=cfg.seed,
-        bf16=device_and_dtype(cfg.policy.dtype)[1] == torch.bfloat16,  # see training/dpo.py
+        # As in training/dpo.py: the Trainer refuses bf16 on a CPU unless told it is one.
+        use_cpu=device == "cpu", bf16=dtype == torch.bfloat16,
         activation_checkpointing=t.gradient_checkpointing,
         report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
         disable_tqdm=not progress, loss_type="sigmoid")
