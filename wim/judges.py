@@ -35,6 +35,9 @@ from wim.parsing import ECHOED_RUBRIC, parse_judgement
 logger = logging.getLogger(__name__)
 
 
+RATING_CHOICES = tuple(str(n) for n in range(1, 11))
+
+
 @dataclass(frozen=True)
 class Judgement:
     critique: str | None
@@ -186,9 +189,10 @@ class BackendJudge(Judge):
         elif self.mode == "numeric":
             params, head = SamplingParams(4, temperature, 1.0, stop=("\n",)), RATING_PREFILL
         elif self.backend.supports_guide:
-            # One call writes "Missing: <line>\nRating: <value>" (see wim/backends/guided.py).
+            # One call writes "Missing: <line>\nRating: <value>" (see wim/backends/guided.py);
+            # the value is one of 1..10, so a small judge cannot write "Rating: 100".
             params = SamplingParams(self.max_new_tokens, temperature, 1.0,
-                                    guide_label=RATING_PREFILL)
+                                    guide_label=RATING_PREFILL, guide_choices=RATING_CHOICES)
             head = MISSING_PREFILL
         else:
             return self._ask_in_two_steps(convs, temperature, seed)
