@@ -35,9 +35,6 @@ from wim.parsing import ECHOED_RUBRIC, parse_judgement
 logger = logging.getLogger(__name__)
 
 
-RATING_CHOICES = tuple(str(n) for n in range(1, 11))
-
-
 @dataclass(frozen=True)
 class Judgement:
     critique: str | None
@@ -189,10 +186,9 @@ class BackendJudge(Judge):
         elif self.mode == "numeric":
             params, head = SamplingParams(4, temperature, 1.0, stop=("\n",)), RATING_PREFILL
         elif self.backend.supports_guide:
-            # One call writes "Missing: <line>\nRating: <value>" (see wim/backends/guided.py);
-            # the value is one of 1..10, so a small judge cannot write "Rating: 100".
+            # One call writes "Missing: <line>\nRating: <value>" (see wim/backends/guided.py).
             params = SamplingParams(self.max_new_tokens, temperature, 1.0,
-                                    guide_label=RATING_PREFILL, guide_choices=RATING_CHOICES)
+                                    guide_label=RATING_PREFILL)
             head = MISSING_PREFILL
         else:
             return self._ask_in_two_steps(convs, temperature, seed)
