@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from recording_server import JSONServer, chat_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -157,7 +158,7 @@ def vllm_server(tmp_path_factory):
         launcher.stop(proc)
 
 
-class FlakyServer:
+class FlakyServer(JSONServer):
     """A small OpenAI-compatible chat server on 127.0.0.1 that can be down for a while.
 
     Not a model: it answers a policy request with a fixed response and a judge request (one with
@@ -167,38 +168,15 @@ class FlakyServer:
     """
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         self.generate_up: int | None = None
         self.judge_up: int | None = None
-        self.lock = threading.Lock()
         self.requests = {"generate": 0, "judge": 0, "503": 0}
         self.longest = 0  # characters of the longest request seen
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep test output clean
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                import json
-
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, text = server.answer(body["messages"])
-                reply = {"choices": [{"message": {"role": "assistant", "content": text}}],
-                         "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
-                data = json.dumps(reply if status == 200 else {"error": "down"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def respond(self, path: str, body: dict) -> tuple[int, dict]:
+        status, text = self.answer(body["messages"])
+        return status, chat_completion(text, 10, 5) if status == 200 else {"error": "down"}
 
     def answer(self, messages: list[dict]) -> tuple[int, str]:
         kind = "judge" if any(m["role"] == "system" for m in messages) else "generate"
@@ -216,10 +194,6 @@ class FlakyServer:
         if any("UNPARSEABLE" in m["content"] for m in messages):
             return 200, "I would rather not say."
         return 200, "Missing: nothing\nRating: 7"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
