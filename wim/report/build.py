@@ -21,6 +21,7 @@ from wim.report.sections import (
     read_agreement,
     rounds_lines,
     source_lines,
+    tie_delta_table,
 )
 from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
@@ -179,16 +180,9 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
-        names = [s for s, _ in systems]
+        rows = [([md_cell(domain_name(d) or "(none)")], r, f"domain/{d}/") for d in domains]
         lines += ["", "## Per domain", "",
-                  "| domain | " + " | ".join(f"tie rate {s}" for s in names) + " | "
-                  + " | ".join(f"delta {s}" for s in names) + " |",
-                  "|---" * (1 + 2 * len(names)) + "|"]
-        for d in domains:
-            ties = [_fmt(r.get(f"domain/{d}/tie_rate/{s}"), True) for s in names]
-            deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
-            lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
-                         + " | ".join(ties + deltas) + " |")
+                  *tie_delta_table(["domain"], [s for s, _ in systems], rows)]
     lines += agreement_lines(agreement)
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):

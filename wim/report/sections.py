@@ -1,6 +1,7 @@
 """Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
 rendered by evaluation.py),
-plus the markdown helpers they share with wim/report/build.py.
+plus the markdown helpers they share with wim/report/build.py (`md_cell`, `fmt`,
+`tie_delta_table`).
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
 and training: a list of flat metric dicts, one per round, each with an integer `round` and the
@@ -41,6 +42,21 @@ def fmt(value: Any, pct: bool = False) -> str:
     return str(value)
 
 
+def tie_delta_table(heads: list[str], systems: list[str],
+                    rows: list[tuple[list[str], dict[str, Any], str]]) -> list[str]:
+    """A markdown table: the `heads` columns, then the tie rate and the mean abs delta of each
+    system. A row: its leading cells, a record, and the prefix of its keys in that record
+    (`<prefix>tie_rate/<system>`, `<prefix>delta/<system>`)."""
+    lines = ["| " + " | ".join([*heads, *(f"tie rate {s}" for s in systems),
+                                *(f"delta {s}" for s in systems)]) + " |",
+             "|---" * (len(heads) + 2 * len(systems)) + "|"]
+    for cells, record, prefix in rows:
+        ties = [fmt(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems]
+        deltas = [fmt(record.get(f"{prefix}delta/{s}")) for s in systems]
+        lines.append("| " + " | ".join([*cells, *ties, *deltas]) + " |")
+    return lines
+
+
 def _round_list(value: Any) -> list[dict[str, Any]]:
     """The `rounds` value as a list sorted by round; entries without an integer round dropped."""
     if isinstance(value, dict):
@@ -75,16 +91,8 @@ def rounds_lines(value: Any) -> list[str]:
     rounds = _round_list(value)
     if not rounds:
         return []
-    lines = ["", "## Per round", "",
-             "| round | pairs | " + " | ".join(f"tie rate {s}" for s in SYSTEMS) + " | "
-             + " | ".join(f"delta {s}" for s in SYSTEMS) + " |",
-             "|---" * (2 + 2 * len(SYSTEMS)) + "|"]
-    for r in rounds:
-        ties = [fmt(r.get(f"pairs/tie_rate/{s}"), True) for s in SYSTEMS]
-        deltas = [fmt(r.get(f"pairs/delta/{s}")) for s in SYSTEMS]
-        lines.append(f"| {r['round']} | {fmt(r.get('pairs/count'))} | "
-                     + " | ".join(ties + deltas) + " |")
-    return lines
+    rows = [([str(r["round"]), fmt(r.get("pairs/count"))], r, "pairs/") for r in rounds]
+    return ["", "## Per round", "", *tie_delta_table(["round", "pairs"], list(SYSTEMS), rows)]
 
 
 def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
