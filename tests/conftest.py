@@ -62,25 +62,27 @@ def quickstart() -> Path:
     return QUICKSTART
 
 
-def free_port() -> int:
-    import socket
+def tools_launcher():
+    """tools/vllm_server.py: free_port, wait_ready (any OpenAI-compatible server), start, stop."""
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_server
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return vllm_server
+
+
+def free_port() -> int:
+    return tools_launcher().free_port()
 
 
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory):
     """A real OpenAI-compatible server (llama-cpp-python) on 127.0.0.1 with the bundled GGUF."""
-    import time
-
-    import httpx
-
     pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
     from wim.models import bundled_gguf_path
 
-    port = free_port()
+    launcher = tools_launcher()
+    port = launcher.free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path()),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]
@@ -88,19 +90,11 @@ def server_url(tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server did not answer GET /v1/models within 90 s")
-            time.sleep(0.25)
+        try:
+            launcher.wait_ready(url, proc, log_path, timeout_s=90, name="llama_cpp.server",
+                                poll_s=0.25)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         yield url
     finally:
         proc.terminate()
@@ -129,10 +123,9 @@ def vllm_server(tmp_path_factory):
     Skipped when .venv-vllm is missing, unless WIM_REQUIRE_VLLM=1 (CI), where that fails.
     WIM_VLLM_URL: use a server already running there instead (started as tools/vllm_server.py
     starts it, on this machine), e.g. while working on these tests."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import vllm_server as launcher
-
     from wim.models import resolve_causal_lm
+
+    launcher = tools_launcher()
 
     if os.environ.get("WIM_VLLM_URL"):
         yield VLLMServer(os.environ["WIM_VLLM_URL"].rstrip("/"), launcher.SERVED_NAME,
