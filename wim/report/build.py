@@ -19,6 +19,7 @@ from wim.report.sections import (
     evaluation_lines,
     md_cell,
     read_agreement,
+    read_run_json,
     rounds_lines,
     source_lines,
     tie_delta_table,
@@ -96,13 +97,10 @@ def is_small_judge(r: dict[str, Any]) -> bool:
 
 def read_evaluation(run: RunDir) -> dict[str, Any] | None:
     """DIR/eval.json (written by `wim eval`), checked for the keys the report reads."""
-    path = run.file("eval.json")
-    if not path.is_file():
+    found = read_run_json(run, "eval.json", "wim eval")
+    if found is None:
         return None
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as err:
-        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim eval` again.") from None
+    path, data = found
     comparisons = data.get("comparisons") if isinstance(data, dict) else None
     if not isinstance(comparisons, list) or not all(isinstance(c, dict) for c in comparisons):
         raise RecordsError(f"{path}: expected an object with a 'comparisons' list of objects; "

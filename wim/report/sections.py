@@ -14,12 +14,14 @@ its plot shows the top-level numbers as round 0.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from wim.config import Config
 from wim.metrics import pair_statistics
-from wim.records import read_records
+from wim.records import RecordsError, read_records
 from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
@@ -110,20 +112,25 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     return lines + evaluation_body(evaluation)
 
 
-def read_agreement(run: RunDir) -> dict[str, Any] | None:
-    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
-    checked for the keys the report reads."""
-    import json
-
-    from wim.records import RecordsError
-
-    path = run.file("agreement.json")
+def read_run_json(run: RunDir, name: str, command: str) -> tuple[Path, Any] | None:
+    """(path, parsed JSON) of DIR/<name>, or None when there is no such file; RecordsError
+    naming `command`, the one that writes it, when it is not valid JSON."""
+    path = run.file(name)
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except ValueError as err:
-        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim pairs` again.") from None
+        raise RecordsError(f"{path} is not valid JSON ({err}); run `{command}` again.") from None
+
+
+def read_agreement(run: RunDir) -> dict[str, Any] | None:
+    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
+    checked for the keys the report reads."""
+    found = read_run_json(run, "agreement.json", "wim pairs")
+    if found is None:
+        return None
+    path, data = found
     if not (isinstance(data, dict) and isinstance(data.get("systems"), dict)
             and isinstance(data.get("table_markdown"), str)):
         raise RecordsError(f"{path}: expected an object with 'systems' and 'table_markdown'; "
