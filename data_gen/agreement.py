@@ -6,7 +6,7 @@ A source that carries preferences gives one labelled pair per prompt:
   (a prompt whose responses all have the same rating gives none, counted as a label tie).
 One pair per prompt keeps the pairs independent, so the interval is that of the test.
 Each pair is ranked by every scoring system with the same code as `wim validity`
-(data_gen/validity.py `validity_table`): accuracy (ties half), tie share, strict accuracy,
+(data_gen/validity_table.py): accuracy (ties half), tie share, strict accuracy,
 interval, failures. The result goes to DIR/agreement.json, which the report shows.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from data_gen.validity import GoldPair, systems_table_lines, validity_table
+from data_gen.validity_table import GoldPair, systems_table_lines, validity_table
 from wim.config import Config
 from wim.pairs import group_by_prompt
 from wim.rundir import RunDir

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from recording_server import JSONServer, chat_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -61,25 +62,27 @@ def quickstart() -> Path:
     return QUICKSTART
 
 
-def free_port() -> int:
-    import socket
+def tools_launcher():
+    """tools/vllm_server.py: free_port, wait_ready (any OpenAI-compatible server), start, stop."""
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_server
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return vllm_server
+
+
+def free_port() -> int:
+    return tools_launcher().free_port()
 
 
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory):
     """A real OpenAI-compatible server (llama-cpp-python) on 127.0.0.1 with the bundled GGUF."""
-    import time
-
-    import httpx
-
     pytest.importorskip("llama_cpp", reason="needs the llama extra: pip install 'wim[llama]'")
     from wim.models import bundled_gguf_path
 
-    port = free_port()
+    launcher = tools_launcher()
+    port = launcher.free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf_path()),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--verbose", "False"]
@@ -87,19 +90,11 @@ def server_url(tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server did not answer GET /v1/models within 90 s")
-            time.sleep(0.25)
+        try:
+            launcher.wait_ready(url, proc, log_path, timeout_s=90, name="llama_cpp.server",
+                                poll_s=0.25)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         yield url
     finally:
         proc.terminate()
@@ -128,10 +123,9 @@ def vllm_server(tmp_path_factory):
     Skipped when .venv-vllm is missing, unless WIM_REQUIRE_VLLM=1 (CI), where that fails.
     WIM_VLLM_URL: use a server already running there instead (started as tools/vllm_server.py
     starts it, on this machine), e.g. while working on these tests."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import vllm_server as launcher
-
     from wim.models import resolve_causal_lm
+
+    launcher = tools_launcher()
 
     if os.environ.get("WIM_VLLM_URL"):
         yield VLLMServer(os.environ["WIM_VLLM_URL"].rstrip("/"), launcher.SERVED_NAME,
@@ -157,7 +151,7 @@ def vllm_server(tmp_path_factory):
         launcher.stop(proc)
 
 
-class FlakyServer:
+class FlakyServer(JSONServer):
     """A small OpenAI-compatible chat server on 127.0.0.1 that can be down for a while.
 
     Not a model: it answers a policy request with a fixed response and a judge request (one with
@@ -167,38 +161,15 @@ class FlakyServer:
     """
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         self.generate_up: int | None = None
         self.judge_up: int | None = None
-        self.lock = threading.Lock()
         self.requests = {"generate": 0, "judge": 0, "503": 0}
         self.longest = 0  # characters of the longest request seen
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep test output clean
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                import json
-
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, text = server.answer(body["messages"])
-                reply = {"choices": [{"message": {"role": "assistant", "content": text}}],
-                         "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
-                data = json.dumps(reply if status == 200 else {"error": "down"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def respond(self, path: str, body: dict) -> tuple[int, dict]:
+        status, text = self.answer(body["messages"])
+        return status, chat_completion(text, 10, 5) if status == 200 else {"error": "down"}
 
     def answer(self, messages: list[dict]) -> tuple[int, str]:
         kind = "judge" if any(m["role"] == "system" for m in messages) else "generate"
@@ -216,10 +187,6 @@ class FlakyServer:
         if any("UNPARSEABLE" in m["content"] for m in messages):
             return 200, "I would rather not say."
         return 200, "Missing: nothing\nRating: 7"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
-"""A real OpenAI-compatible chat server on 127.0.0.1 that records every request it receives.
+"""Real HTTP servers on 127.0.0.1 that record every request they receive.
 
-Not a model: `reply(messages) -> text` decides each answer. Tests use it to see exactly what a
-backend sends (the blind evaluator must send nothing but its template, questions and answers).
+`JSONServer` is the plumbing (a thread, a free port, each POST's JSON body recorded in arrival
+order); a stand-in overrides `respond(path, body)` with what it answers. `RecordingServer` is
+the OpenAI-compatible chat stand-in: not a model, `reply(messages) -> text` decides each
+answer. Tests use them to see exactly what a backend sends (the blind evaluator must send
+nothing but its template, questions and answers) and how it takes a server's answers.
 """
 
 from __future__ import annotations
@@ -12,36 +15,57 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class RecordingServer:
-    def __init__(self, reply: Callable[[list[dict]], str]) -> None:
-        self.reply = reply
-        self.requests: list[dict] = []  # the full JSON bodies, in arrival order
+class JSONServer:
+    """POSTs of JSON on a free port of 127.0.0.1, served in a thread of its own. `bodies`: the
+    JSON body of every request, in arrival order; `url`: the server's OpenAI-style base URL."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
         self.lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
+            def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
-                    server.requests.append(body)
-                text = server.reply(body["messages"])
-                data = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                            "content": text}}],
-                                   "usage": {"prompt_tokens": 11, "completion_tokens": 3}})
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                    server.bodies.append(body)
+                status, reply = server.respond(self.path, body)
+                data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+                self.send_response(status)
+                if not isinstance(reply, bytes):
+                    self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data.encode())
+                self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
+        """(HTTP status, reply): a dict is sent as JSON, bytes as they are."""
+        raise NotImplementedError
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def chat_completion(text: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    """An OpenAI chat completion holding one assistant message, with its token usage."""
+    return {"choices": [{"message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+
+
+class RecordingServer(JSONServer):
+    """Chat completions whose text is `reply(messages)`."""
+
+    def __init__(self, reply: Callable[[list[dict]], str]) -> None:
+        self.reply = reply
+        super().__init__()
+
+    def respond(self, path: str, body: dict) -> tuple[int, dict]:
+        return 200, chat_completion(self.reply(body["messages"]), 11, 3)

@@ -197,11 +197,11 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
     # whose answers differ (the policy against itself never differs, so it costs no call).
     differing = sum(len(texts) > 1 for texts in by_prompt.values())
     assert differing > 0  # the large learning rate moved the policy away from its base
-    assert len(server.requests) == 2 * differing
+    assert len(server.bodies) == 2 * differing
     secrets = [str(out), "zeta", "Missing:", "Rating:", "bundled:", "resolved_config",
                *{j["critique"] for j in read_keyed(out / "judgements.jsonl")
                  if j.get("critique") and len(j["critique"]) > 12}]
-    for body in server.requests:
+    for body in server.bodies:
         assert json.dumps(body["messages"]) in allowed
         text = json.dumps(body["messages"])
         assert not [s for s in secrets if s in text]
@@ -222,5 +222,5 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
     assert c["n"] == 3 and c["failures"] == 0 and c["wins"] + c["losses"] + c["ties"] == 3
     allowed = {json.dumps(build_point_messages(held[a["prompt_id"]].text, a["response"]))
                for a in answers}
-    assert len(server.requests) == 2 * 3  # policy and base, 3 prompts
-    assert all(json.dumps(body["messages"]) in allowed for body in server.requests)
+    assert len(server.bodies) == 2 * 3  # policy and base, 3 prompts
+    assert all(json.dumps(body["messages"]) in allowed for body in server.bodies)

@@ -1,4 +1,5 @@
-"""The packages depend one way: wim <- data_gen <- training (docs/design.md, "Layout").
+"""The packages depend one way: wim <- data_gen <- training (docs/design.md, "Layout"), and
+no module imports itself through others (no import cycle).
 
 Every import counts, the ones inside functions included: a lazy import is still an arrow.
 Only wim/cli.py, the command that dispatches to every layer, may reach up.
@@ -51,6 +52,96 @@ def test_no_module_imports_a_layer_above_it():
                                     "class A:\n    def m(self):\n        import training\n"])
 def test_the_scan_sees_imports_at_any_depth(source):
     assert [t for _, t in imported_packages(source)] == ["training"]
+
+
+def module_name(rel: Path) -> str:
+    """wim/report/build.py -> wim.report.build; wim/report/__init__.py -> wim.report."""
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, modules: set[str],
+                     is_package: bool = False) -> set[str]:
+    """The modules of `modules` that `module` imports, at any depth. `from a import b` counts
+    a.b when b is a module, else a. A package's `__init__`, which Python runs before any module
+    in it, is not counted for `import a.b`: that is what a package is, not a cycle."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: the module's package, one level up per further dot
+                base = ".".join([*package[:len(package) - node.level + 1], *filter(None, [base])])
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                      for a in node.names}
+    return (found & modules) - {module}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (strongly connected
+    components of more than one module, Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the modules of wim, data_gen and training it imports}."""
+    paths = {module_name(p.relative_to(ROOT)): p
+             for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    return {m: imported_modules(p.read_text(), m, set(paths), p.name == "__init__.py")
+            for m, p in paths.items()}
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert "data_gen.validity_table" in graph["data_gen.agreement"]  # the scan sees modules
+    assert [[f"{m} -> {sorted(graph[m] & set(c))}" for m in c]
+            for c in import_cycles(graph)] == []
+
+
+def test_the_cycle_scan_finds_a_circle_and_only_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({**graph, "c": set()}) == []
+
+
+@pytest.mark.parametrize("source", ["def f():\n    from p.b import x\n",
+                                    "from p import b\n",
+                                    "class A:\n    def m(self):\n        import p.b\n",
+                                    "from . import b\n", "from .b import x\n"])
+def test_the_cycle_scan_sees_module_imports_at_any_depth(source):
+    assert imported_modules(source, "p.a", {"p", "p.a", "p.b", "p.c"}) == {"p.b"}
+
+
+def test_the_cycle_scan_counts_a_package_for_the_names_it_defines():
+    modules = {"p", "p.a", "p.b"}
+    assert imported_modules("from p import b, name\n", "p.a", modules) == {"p", "p.b"}
+    assert imported_modules("from . import name\n", "p.b", modules) == {"p"}
+    assert imported_modules("from .a import x\n", "p", modules, is_package=True) == {"p.a"}
 
 
 def test_the_report_is_a_package_of_the_core_library():

@@ -1,9 +1,15 @@
-"""The install-time llama.cpp smoke check turns a native crash into a clear install failure."""
+"""The install-time llama.cpp smoke check turns a native crash into a clear install failure;
+the server launcher's wait (tools/vllm_server.py, also the tests' llama-cpp-python fixture)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+from conftest import free_port, tools_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,3 +35,30 @@ def test_a_clean_child_passes(capsys) -> None:
     check = _load_check()
     assert check.smoke_check("print('ok')") == 0
     assert "'ok'" not in capsys.readouterr().err
+
+
+def test_wait_ready_returns_once_models_answers(tmp_path: Path) -> None:
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text("{}")
+    port, log = free_port(), tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                                 "127.0.0.1", "--directory", str(tmp_path)], stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        tools_launcher().wait_ready(f"http://127.0.0.1:{port}/v1", proc, log, timeout_s=30,
+                               poll_s=0.1)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_wait_ready_names_a_server_that_exited_and_shows_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "print('no model here'); exit(3)"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    proc.wait()
+    with pytest.raises(RuntimeError, match=r"(?s)llama_cpp.server exited with 3:.*no model here"):
+        tools_launcher().wait_ready(f"http://127.0.0.1:{free_port()}/v1", proc, log, timeout_s=5,
+                               name="llama_cpp.server", poll_s=0.1)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, run_wim, sets
 
-from data_gen.validity import GoldPair, load_gold, validity_table
+from data_gen.validity import load_gold
+from data_gen.validity_table import GoldPair, validity_table
 from wim.config import load_config
 from wim.errors import InputError
 from wim.prompts import load_prompts

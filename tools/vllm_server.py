@@ -56,16 +56,18 @@ def start(python: Path, model_dir: str, port: int, log_path: Path,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 400) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 400,
+               name: str = "the vLLM server", poll_s: float = 1.0) -> None:
     """Until GET url/models answers 200; RuntimeError with the log's tail if the server exits
-    or does not answer in time."""
+    or does not answer in time. Any OpenAI-compatible server child (`name` in the messages):
+    the tests' llama-cpp-python server waits here too."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the vLLM server exited with {proc.returncode}:\n{tail}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
         try:
             if httpx.get(f"{url}/models", timeout=2).status_code == 200:
                 return
@@ -73,9 +75,9 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: floa
             pass
         if time.monotonic() > deadline:
             tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the vLLM server did not answer GET {url}/models within "
+            raise RuntimeError(f"{name} did not answer GET {url}/models within "
                                f"{timeout_s:.0f} s:\n{tail}")
-        time.sleep(1.0)
+        time.sleep(poll_s)
 
 
 def stop(proc: subprocess.Popen) -> None:

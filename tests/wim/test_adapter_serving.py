@@ -4,12 +4,10 @@ server is in test_vllm_server.py and tests/test_vllm_rounds.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from recording_server import JSONServer
 
 from wim.backends.adapter_serving import (
     AdapterServingError,
@@ -24,43 +22,24 @@ NO_FOLDER = {"error": {"message": "Loading lora x failed: No adapter found for /
                        "type": "NotFoundError", "code": 404}}
 
 
-class LoraServer:
+class LoraServer(JSONServer):
     """POST /v1/load_lora_adapter: 200 the first time a name comes, then vLLM's 400 "already
     been loaded"; 404 for a path that does not exist here; `runtime=False`: no such route."""
 
     def __init__(self, runtime: bool = True) -> None:
-        self.seen: list[dict] = []
-        server = self
+        self.runtime = runtime
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.seen.append(body)
-                names = [b["lora_name"] for b in server.seen[:-1]]
-                if not runtime or self.path != "/v1/load_lora_adapter":
-                    status, reply = 404, {"detail": "Not Found"}
-                elif not Path(body["lora_path"]).is_dir():
-                    status, reply = 404, NO_FOLDER
-                elif body["lora_name"] in names:
-                    status, reply = 400, ALREADY
-                else:
-                    status, reply = 200, None
-                data = json.dumps(reply).encode() if reply else b"Success"
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
+        with self.lock:
+            names = [b["lora_name"] for b in self.bodies[:-1]]
+        if not self.runtime or path != "/v1/load_lora_adapter":
+            return 404, {"detail": "Not Found"}
+        if not Path(body["lora_path"]).is_dir():
+            return 404, NO_FOLDER
+        if body["lora_name"] in names:
+            return 400, ALREADY
+        return 200, b"Success"
 
 
 @pytest.fixture
@@ -108,7 +87,7 @@ def test_registering_again_is_fine(lora_server, tmp_path: Path) -> None:
     folder = _adapter(tmp_path, 1)
     assert register_adapter(server.url, "x", folder) == str(folder.resolve())
     register_adapter(server.url, "x", folder)  # a resumed run: "already been loaded"
-    assert [b["lora_name"] for b in server.seen] == ["x", "x"]
+    assert [b["lora_name"] for b in server.bodies] == ["x", "x"]
 
 
 def test_a_folder_the_server_cannot_read_names_path_and_setting(lora_server,

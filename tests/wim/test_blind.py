@@ -109,24 +109,24 @@ def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(re
     # An unparseable verdict is retried (2 retries, each order), then a failure, not a win.
     assert verdicts[2].winner is None and "after 3 attempts" in verdicts[2].failure
     assert len(verdicts[2].raw) == 6 and verdicts[0].tokens == 2 * 14
-    assert len(recorder.requests) == 2 * 2 + 2 * 3
+    assert len(recorder.bodies) == 2 * 2 + 2 * 3
     # Every request is exactly the template plus one question and its two answers, in one of
     # the two orders: nothing else reaches the evaluator.
     allowed = set()
     for q, x, y in zip(questions, a, b, strict=True):
         allowed.add(str(build_pair_messages(q, x, y)))
         allowed.add(str(build_pair_messages(q, y, x)))
-    for body in recorder.requests:
+    for body in recorder.bodies:
         assert str(body["messages"]) in allowed
         assert body["messages"][0]["content"] == load_template("pairwise")
-    orders = {tuple(_answers(r["messages"][-1]["content"])) for r in recorder.requests}
+    orders = {tuple(_answers(r["messages"][-1]["content"])) for r in recorder.bodies}
     assert ("GOOD: 4", "5") in orders and ("5", "GOOD: 4") in orders
 
 
 def test_position_bias_becomes_a_tie(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
     assert verdicts[0].winner == "tie" and verdicts[0].failure is None
-    assert len(recorder.requests) == 2
+    assert len(recorder.bodies) == 2
     # Both orders kept: "A" both times is a for the first order and b for the second.
     assert verdicts[0].orders == ("a", "b") and verdicts[0].tie_kind == "order_disagreement"
 
@@ -145,14 +145,14 @@ def test_a_copied_placeholder_is_a_failed_verdict_retried_and_counted(recorder):
     assert parse_verdict("Reason: fine.\nVerdict: A") == ("A", None)
     verdicts = _evaluator(recorder.url, retries=1).pairwise(["PLACEHOLDER?"], ["x"], ["y"])
     assert verdicts[0].winner is None and "placeholder" in verdicts[0].failure
-    assert len(recorder.requests) == 2 * 2  # each order asked again once
+    assert len(recorder.bodies) == 2 * 2  # each order asked again once
 
 
 def test_identical_answers_tie_without_a_call(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?", "R?"], ["same ", "x"], ["same", "GOOD"])
     assert verdicts[0].winner == "tie" and verdicts[0].raw == [] and verdicts[0].tokens == 0
     assert verdicts[1].winner == "b"
-    assert len(recorder.requests) == 2  # only the second pair, in both orders
+    assert len(recorder.bodies) == 2  # only the second pair, in both orders
 
 
 def test_pointwise(recorder):

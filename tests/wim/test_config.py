@@ -1,4 +1,4 @@
-"""Experiment configs (wim/config.py): loading, overrides, validation, hashing, and the CLI."""
+"""Experiment configs (wim/config/): loading, overrides, validation, hashing, and the CLI."""
 
 from __future__ import annotations
 
@@ -383,13 +383,21 @@ def test_paper_setup_keys_are_checked(overrides: list[str], key: str) -> None:
 def test_every_config_field_has_help_text() -> None:
     """Each dataclass field is followed by its attribute docstring (as TRL and open-instruct)."""
     import ast
+    import dataclasses
+    import typing
 
     import wim.config
+    import wim.refine.config
 
-    tree = ast.parse(Path(wim.config.__file__).read_text())
+    files = [*Path(wim.config.__file__).parent.glob("*.py"), Path(wim.refine.config.__file__)]
+    classes = [n for f in files for n in ast.parse(f.read_text()).body
+               if isinstance(n, ast.ClassDef) and n.name.endswith(("Config", "Section"))]
+    # Every section of Config is among the classes scanned (none defined elsewhere).
+    sections = {t.__name__ for t in typing.get_type_hints(wim.config.Config).values()
+                if dataclasses.is_dataclass(t)}
+    assert sections <= {c.name for c in classes}
     undocumented = []
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith(
-            ("Config", "Section"))):
+    for cls in classes:
         body = cls.body
         for i, node in enumerate(body):
             if isinstance(node, ast.AnnAssign):

@@ -1,4 +1,4 @@
-"""The `blind:` and `eval:` config sections and `prompts.holdout` (wim/config_checks.py)."""
+"""The `blind:` and `eval:` config sections and `prompts.holdout` (wim/config/checks.py)."""
 
 from __future__ import annotations
 

@@ -9,12 +9,11 @@ the bundled model (`server_url`, tests/conftest.py) through the CLI.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import QUICKSTART, SHRUNK, run_wim, sets
+from recording_server import JSONServer, chat_completion
 
 from wim.backends.http_backend import HTTPBackend
 from wim.judge_prompts import judge_json_schema
@@ -25,7 +24,7 @@ ITEMS = [("What is 2 + 2?", "4."), ("Name a primary colour.", "Red."),
          ("What do bees make?", "Honey.")]
 
 
-class FormatServer:
+class FormatServer(JSONServer):
     """Chat completions that refuse some `response_format` types with `status` and a body
     naming the field; JSON when a schema is accepted, the two-line text format otherwise."""
 
@@ -33,45 +32,20 @@ class FormatServer:
                  message: str = "response_format type {} is not supported") -> None:
         self.refuse, self.status, self.message = refuse, status, message
         self.seen: list[str | None] = []  # the response_format type of each request
-        self.bodies: list[dict] = []  # each request as sent
-        self.lock = threading.Lock()
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fmt = body.get("response_format")
-                kind = fmt["type"] if fmt else None
-                with server.lock:
-                    server.seen.append(kind)
-                    server.bodies.append(body)
-                if kind in server.refuse:
-                    status = server.status
-                    reply = {"error": {"message": server.message.format(kind)}}
-                else:
-                    wim = not fmt or "missing" in json.dumps(fmt)
-                    text = ('{"missing": "the unit", "rating": 6}' if kind and wim
-                            else '{"rating": 6}' if kind
-                            else "Missing: the unit\nRating: 6")
-                    status, reply = 200, {"choices": [{"message": {"content": text}}],
-                                          "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def respond(self, path: str, body: dict) -> tuple[int, dict]:
+        fmt = body.get("response_format")
+        kind = fmt["type"] if fmt else None
+        with self.lock:
+            self.seen.append(kind)
+        if kind in self.refuse:
+            return self.status, {"error": {"message": self.message.format(kind)}}
+        wim = not fmt or "missing" in json.dumps(fmt)
+        text = ('{"missing": "the unit", "rating": 6}' if kind and wim
+                else '{"rating": 6}' if kind
+                else "Missing: the unit\nRating: 6")
+        return 200, chat_completion(text, 9, 9)
 
 
 def _judge(server: FormatServer, guided: bool = True, mode: str = "wim"

@@ -1,6 +1,6 @@
-"""The `refine:` config section (`wim refine`), imported by wim/config.py.
+"""The `refine:` config section (`wim refine`), imported by wim/config/__init__.py.
 
-Kept here so that wim/config.py stays small; it imports nothing from wim.
+Kept beside the package it configures; it imports nothing from wim.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ from wim.report.sections import (
     evaluation_lines,
     md_cell,
     read_agreement,
+    read_run_json,
     rounds_lines,
     source_lines,
+    tie_delta_table,
 )
 from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
@@ -95,13 +97,10 @@ def is_small_judge(r: dict[str, Any]) -> bool:
 
 def read_evaluation(run: RunDir) -> dict[str, Any] | None:
     """DIR/eval.json (written by `wim eval`), checked for the keys the report reads."""
-    path = run.file("eval.json")
-    if not path.is_file():
+    found = read_run_json(run, "eval.json", "wim eval")
+    if found is None:
         return None
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as err:
-        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim eval` again.") from None
+    path, data = found
     comparisons = data.get("comparisons") if isinstance(data, dict) else None
     if not isinstance(comparisons, list) or not all(isinstance(c, dict) for c in comparisons):
         raise RecordsError(f"{path}: expected an object with a 'comparisons' list of objects; "
@@ -179,16 +178,9 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
-        names = [s for s, _ in systems]
+        rows = [([md_cell(domain_name(d) or "(none)")], r, f"domain/{d}/") for d in domains]
         lines += ["", "## Per domain", "",
-                  "| domain | " + " | ".join(f"tie rate {s}" for s in names) + " | "
-                  + " | ".join(f"delta {s}" for s in names) + " |",
-                  "|---" * (1 + 2 * len(names)) + "|"]
-        for d in domains:
-            ties = [_fmt(r.get(f"domain/{d}/tie_rate/{s}"), True) for s in names]
-            deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
-            lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
-                         + " | ".join(ties + deltas) + " |")
+                  *tie_delta_table(["domain"], [s for s, _ in systems], rows)]
     lines += agreement_lines(agreement)
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):

@@ -1,6 +1,7 @@
 """Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
 rendered by evaluation.py),
-plus the markdown helpers they share with wim/report/build.py.
+plus the markdown helpers they share with wim/report/build.py (`md_cell`, `fmt`,
+`tie_delta_table`).
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
 and training: a list of flat metric dicts, one per round, each with an integer `round` and the
@@ -13,12 +14,14 @@ its plot shows the top-level numbers as round 0.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from wim.config import Config
 from wim.metrics import pair_statistics
-from wim.records import read_records
+from wim.records import RecordsError, read_records
 from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
@@ -39,6 +42,21 @@ def fmt(value: Any, pct: bool = False) -> str:
     if isinstance(value, float):
         return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
     return str(value)
+
+
+def tie_delta_table(heads: list[str], systems: list[str],
+                    rows: list[tuple[list[str], dict[str, Any], str]]) -> list[str]:
+    """A markdown table: the `heads` columns, then the tie rate and the mean abs delta of each
+    system. A row: its leading cells, a record, and the prefix of its keys in that record
+    (`<prefix>tie_rate/<system>`, `<prefix>delta/<system>`)."""
+    lines = ["| " + " | ".join([*heads, *(f"tie rate {s}" for s in systems),
+                                *(f"delta {s}" for s in systems)]) + " |",
+             "|---" * (len(heads) + 2 * len(systems)) + "|"]
+    for cells, record, prefix in rows:
+        ties = [fmt(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems]
+        deltas = [fmt(record.get(f"{prefix}delta/{s}")) for s in systems]
+        lines.append("| " + " | ".join([*cells, *ties, *deltas]) + " |")
+    return lines
 
 
 def _round_list(value: Any) -> list[dict[str, Any]]:
@@ -75,16 +93,8 @@ def rounds_lines(value: Any) -> list[str]:
     rounds = _round_list(value)
     if not rounds:
         return []
-    lines = ["", "## Per round", "",
-             "| round | pairs | " + " | ".join(f"tie rate {s}" for s in SYSTEMS) + " | "
-             + " | ".join(f"delta {s}" for s in SYSTEMS) + " |",
-             "|---" * (2 + 2 * len(SYSTEMS)) + "|"]
-    for r in rounds:
-        ties = [fmt(r.get(f"pairs/tie_rate/{s}"), True) for s in SYSTEMS]
-        deltas = [fmt(r.get(f"pairs/delta/{s}")) for s in SYSTEMS]
-        lines.append(f"| {r['round']} | {fmt(r.get('pairs/count'))} | "
-                     + " | ".join(ties + deltas) + " |")
-    return lines
+    rows = [([str(r["round"]), fmt(r.get("pairs/count"))], r, "pairs/") for r in rounds]
+    return ["", "## Per round", "", *tie_delta_table(["round", "pairs"], list(SYSTEMS), rows)]
 
 
 def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
@@ -102,20 +112,25 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     return lines + evaluation_body(evaluation)
 
 
-def read_agreement(run: RunDir) -> dict[str, Any] | None:
-    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
-    checked for the keys the report reads."""
-    import json
-
-    from wim.records import RecordsError
-
-    path = run.file("agreement.json")
+def read_run_json(run: RunDir, name: str, command: str) -> tuple[Path, Any] | None:
+    """(path, parsed JSON) of DIR/<name>, or None when there is no such file; RecordsError
+    naming `command`, the one that writes it, when it is not valid JSON."""
+    path = run.file(name)
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except ValueError as err:
-        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim pairs` again.") from None
+        raise RecordsError(f"{path} is not valid JSON ({err}); run `{command}` again.") from None
+
+
+def read_agreement(run: RunDir) -> dict[str, Any] | None:
+    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
+    checked for the keys the report reads."""
+    found = read_run_json(run, "agreement.json", "wim pairs")
+    if found is None:
+        return None
+    path, data = found
     if not (isinstance(data, dict) and isinstance(data.get("systems"), dict)
             and isinstance(data.get("table_markdown"), str)):
         raise RecordsError(f"{path}: expected an object with 'systems' and 'table_markdown'; "

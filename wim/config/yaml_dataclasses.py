@@ -1,6 +1,6 @@
 """YAML into nested dataclasses, with errors that name the file and the dotted key.
 
-Generic: it knows nothing of wim's sections (wim/config.py declares them).
+Generic: it knows nothing of wim's sections (the modules beside it declare them).
 """
 
 from __future__ import annotations

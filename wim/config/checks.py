@@ -1,4 +1,4 @@
-"""Range, choice and combination checks of a loaded config (see config.py).
+"""Range, choice and combination checks of a loaded config (see __init__.py).
 
 Each failure raises `ConfigError` naming the dotted key, what was expected and the value, so
 a bad value is reported before any model is loaded.

@@ -1,0 +1,108 @@
+"""Experiment configuration: one YAML file loaded into nested dataclasses.
+
+Every field carries its help text. Unknown keys and out-of-range values raise `ConfigError`
+with the file and the dotted key, so a typo never silently falls back to a default.
+`--set section.key=value` overrides any field (the value is parsed as YAML).
+
+`Config` (here) holds one dataclass per YAML section, grouped by the stage that reads them:
+sampling.py (prompts, policy, generation), endpoints.py (http, judge.http), judging.py (judge,
+scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval) and
+wim/refine/config.py (refine). checks.py: range, choice and combination checks;
+yaml_dataclasses.py: YAML into dataclasses. Import any of them from `wim.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wim.config.checks import validate
+from wim.config.dpo import DPOSection, LoraConfig, TrainingConfig, WandbConfig
+from wim.config.endpoints import HTTPConfig, JudgeHTTPConfig
+from wim.config.evaluation import BlindConfig, EvalConfig
+from wim.config.judging import ExportConfig, JudgeConfig, PairsConfig, ScoringConfig
+from wim.config.sampling import GenerationConfig, PolicyConfig, PromptsConfig
+from wim.config.yaml_dataclasses import apply_overrides, build_dataclass, read_yaml
+from wim.errors import ConfigError
+from wim.refine.config import RefineConfig
+
+__all__ = ["BlindConfig", "Config", "ConfigError", "DPOSection", "EvalConfig", "ExportConfig",
+           "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig", "LoraConfig",
+           "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig", "ScoringConfig",
+           "TrainingConfig", "WandbConfig", "apply_overrides", "config_from_dict", "judge_http",
+           "load_config", "read_yaml"]
+
+
+@dataclass
+class Config:
+    """One experiment: every section of the YAML file."""
+
+    seed: int = 0
+    """Seeds sampling, judging retries, random tie-breaks and training."""
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    """Which prompts to sample for."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The model that samples responses (and is trained)."""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """How the policy samples k responses per prompt."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Who judges each response, and how."""
+    http: HTTPConfig = field(default_factory=HTTPConfig)
+    """OpenAI-compatible endpoints, for any backend set to `http`."""
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    """The WIM score formula and its embedder."""
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    """How scored samples become chosen/rejected pairs."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """The LoRA adapter DPO trains."""
+    dpo: DPOSection = field(default_factory=DPOSection)
+    """TRL DPO training settings."""
+    blind: BlindConfig = field(default_factory=BlindConfig)
+    """The blind outcome evaluator of `wim eval` and `wim compare`."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation settings of `wim eval` and `wim compare`."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Rounds, offline or online DPO, QLoRA and gradient checkpointing."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Optional Weights & Biases logging."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """Where the pairs dataset is also published."""
+    refine: RefineConfig = field(default_factory=RefineConfig)
+    """`wim refine`: the controlled refinement loop and its stopping policies."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def sha256(self, sections: tuple[str, ...] | None = None) -> str:
+        """sha256 of the sorted-key config (or of some sections only)."""
+        data = self.to_dict()
+        if sections is not None:
+            data = {k: data[k] for k in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def judge_http(cfg: Config) -> HTTPConfig:
+    """The endpoint settings of an external http judge: `judge.http`, each null field taken
+    from `http` (the model name: `judge.http.model`, else `judge.model`, else `http.model`)."""
+    own = cfg.judge.http
+    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
+              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
+    merged["model"] = own.model or cfg.judge.model or cfg.http.model
+    # Adapters are served by the policy's server only (fixed and changing judges run there).
+    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    cfg = build_dataclass(Config, data or {}, "", source)
+    validate(cfg, source)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config, apply `--set` overrides, validate."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return config_from_dict(data, source=str(path))

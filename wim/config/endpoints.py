@@ -1,0 +1,58 @@
+"""OpenAI-compatible endpoints: the `http:` section (the policy's, and the default of every
+backend set to `http`) and `judge.http` (an external judge's own, field by field).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HTTPConfig:
+    base_urls: list[str] = field(default_factory=list)
+    """OpenAI-compatible endpoints (…/v1), used round-robin."""
+    model: str = ""
+    """Model name sent in each request (the server's name for it)."""
+    api_key_env: str = "WIM_API_KEY"
+    """Environment variable holding the API key; the key itself never goes into a config."""
+    concurrency: int = 8
+    """Requests in flight at once, over all URLs."""
+    timeout_s: float = 60.0
+    """Seconds to wait for one reply before it counts as a timeout (and is retried)."""
+    max_retries: int = 4
+    """Retries with exponential backoff on timeouts, 429 and 5xx."""
+    context_tokens: int | None = None
+    """The server model's context length, if known. Without a tokenizer, a prompt's length is
+    estimated as characters / 3 (on the safe side); null: no check, the server decides."""
+    adapter_serving: str = "none"
+    """`vllm`: after each round's training the run registers the new LoRA adapter with the
+    server (`POST /v1/load_lora_adapter`; vLLM with `--enable-lora` and
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a name unique to the run and round, and the
+    next round samples by that name (so `training.rounds` > 1 works with an http policy); the
+    changing judge uses it too, the fixed judge the base `model`. `wim eval` / `wim compare`
+    generate each system's answers by its adapter's name. `none`: adapters stay local."""
+    server_paths: dict[str, str] = field(default_factory=dict)
+    """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
+    {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}. An adapter folder under a
+    local prefix is sent with the server's prefix instead; empty: the same paths."""
+
+
+@dataclass
+class JudgeHTTPConfig:
+    """`judge.http`: the judge's own OpenAI-compatible endpoint; each field left null takes its
+    value from the `http:` section (the policy's)."""
+
+    base_urls: list[str] | None = None
+    """The judge's endpoints (…/v1); null: `http.base_urls`."""
+    model: str | None = None
+    """The judge server's name for its model; null: `judge.model`, else `http.model`."""
+    api_key_env: str | None = None
+    """Environment variable holding the judge server's API key; null: `http.api_key_env`."""
+    concurrency: int | None = None
+    """Judge requests in flight at once; null: `http.concurrency`."""
+    timeout_s: float | None = None
+    """Seconds per judge reply; null: `http.timeout_s`."""
+    max_retries: int | None = None
+    """Retries of a judge request; null: `http.max_retries`."""
+    context_tokens: int | None = None
+    """The judge model's context length; null: `http.context_tokens`."""

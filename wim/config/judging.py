@@ -1,0 +1,91 @@
+"""From responses to pairs: the `judge:`, `scoring:`, `pairs:` and `export:` sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wim.config.endpoints import JudgeHTTPConfig
+
+
+@dataclass
+class JudgeConfig:
+    role: str = "fixed"
+    """`fixed` (frozen reference = base policy with any adapter disabled), `changing` (the
+    policy being trained) or `external` (`model` below)."""
+    model: str | None = None
+    """Model for the external judge (`bundled:...`, a folder or a hub id)."""
+    backend: str = "transformers"
+    """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
+    dtype: str = "auto"
+    """dtype of an external judge on the transformers backend (see `policy.dtype`)."""
+    mode: str = "wim"
+    """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
+    prompt: str = "ours"
+    """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`: the
+    WIM authors' structure in our words: a short explanation, `[[N]]`, then what is missing as
+    `[[[...]]]` (`[[[]]]` = nothing), instructions in the system turn. Both are parsed."""
+    on_parse_failure: str = "exclude"
+    """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors` (their
+    code): an unparseable rating counts as rating_norm 0, a missing critique leaves the rating
+    alone as the score; both counted (`score/fallback_rating`, `score/fallback_critique`)."""
+    criteria: str = (
+        "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
+        "would include"
+    )
+    """What the judge weighs, written into the judge prompt (set it per dataset)."""
+    instructions_in: str = "system"
+    """Where the judge instructions go: `system` or `user` message."""
+    max_new_tokens: int = 64
+    """Most tokens the judge may write per judgement (critique and rating together)."""
+    max_retries: int = 2
+    """Re-ask a judge whose output fails to parse this many times (sampling, new seed)."""
+    retry_temperature: float = 0.7
+    """Sampling temperature of the retries (the first attempt is greedy)."""
+    batch_size: int = 8
+    """Judgements per batch for a local judge."""
+    overlong: str = "truncate"
+    """Judge input (instructions + prompt + response) longer than the judge's context (less
+    max_new_tokens) or max_input_tokens: `truncate` (the prompt is cut from the middle, the
+    response kept whole; judge/truncated) or `skip` (not judged; judge/skipped_overlong)."""
+    max_input_tokens: int | None = None
+    """Cap on judge input tokens below the judge's context; null: none."""
+    guided_json: bool = True
+    """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
+    (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
+    server refuses it (`http/judge/guided_refused`). false: plain text only."""
+    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    """The external http judge's own endpoint (`judge.backend: http`), field by field
+    defaulting to `http:`; then the policy samples on one server and the judge answers on
+    another. Fixed and changing judges are the policy and answer where it does."""
+
+
+@dataclass
+class ScoringConfig:
+    zeta: float = 0.4
+    """score = (1 - zeta) * rating_norm + zeta * similarity; 1 = pure WIM, 0 = pure numeric."""
+    embedder: str = "bundled:all-minilm-l6-v2"
+    """sentence-transformers model E: `bundled:all-minilm-l6-v2` (fast), `bundled:all-mpnet-base-v2`
+    (the authors' choice, about 6x slower on CPU), a local folder or a hub id."""
+    report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
+    """zetas reported side by side (all from one judging pass)."""
+    batch_size: int = 64
+    """Texts per embedder batch."""
+
+
+@dataclass
+class PairsConfig:
+    strategy: str = "best_vs_worst"
+    """`best_vs_worst`, `best_vs_random` (best vs a random lower sample) or `all` (all
+    non-tied pairs)."""
+    tie_policy: str = "drop"
+    """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
+    at `random`."""
+    tie_tolerance: float = 1e-6
+    """Two samples tie when their scores differ by at most this on the 1-10 scale (`x * 5 + 5`:
+    0.5 here is 0.1 on the raw [-1, 1] score). One rule for the pairs and the report."""
+
+
+@dataclass
+class ExportConfig:
+    push_to_hub: str | None = None
+    """Hub repo id to push the pairs dataset to (needs network and a token)."""

@@ -1,0 +1,73 @@
+"""What is sampled: the `prompts:`, `policy:` and `generation:` sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PromptsConfig:
+    source: str = "bundled"
+    """`bundled` (64 prompts over 8 domains), a local .jsonl/.csv/.parquet file, or a
+    datasets name."""
+    split: str = "train"
+    """Split to read when `source` is a datasets name."""
+    limit: int | None = None
+    """Use only the first `limit` prompts (after sharding order is fixed)."""
+    holdout: int = 0
+    """Prompts held out of generation, judging and training for `wim eval` (chosen per domain by
+    a fixed hash of the prompt id, before `limit`; recorded in DIR/split.json)."""
+
+
+@dataclass
+class PolicyConfig:
+    model: str = "bundled:smollm2-135m-instruct"
+    """The policy that samples responses: `bundled:...`, a local folder or a hub id."""
+    backend: str = "transformers"
+    """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
+    adapter: str | None = None
+    """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
+    `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
+    without it. `wim train` still trains a fresh adapter on `model`."""
+    dtype: str = "auto"
+    """What the local model computes in (sampling, the fixed and changing judges, training):
+    `auto` (bfloat16 on CUDA and on CPUs that compute it natively, AMX or AVX512-BF16; float32
+    on other CPUs, where bfloat16 is emulated and slower), `float32` or `bfloat16`. Training in
+    bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run records what
+    `auto` resolved to; a resumed run refuses another dtype."""
+
+
+@dataclass
+class GenerationConfig:
+    k: int = 2
+    """Samples per prompt (at least 2, so that each prompt can give a pair)."""
+    max_new_tokens: int = 64
+    """Most tokens a sampled response may have."""
+    temperature: float = 0.8
+    """Sampling temperature of the policy (0 = greedy, which makes the k samples identical)."""
+    top_p: float = 0.95
+    """Nucleus sampling: sample from the smallest token set whose probability reaches top_p."""
+    batch_size: int = 8
+    """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
+    reproduce the same samples."""
+    overlong: str = "truncate"
+    """A prompt longer than the policy's context (less max_new_tokens) or max_prompt_tokens:
+    `truncate` (cut from the middle to fit, counted as generate/truncated) or `skip` (not
+    sampled, counted as generate/skipped_overlong)."""
+    max_prompt_tokens: int | None = None
+    """Cap on prompt tokens below the model's context (long prompts are slow); null: none."""
+    source: str | None = None
+    """Existing responses to judge instead of sampling (wim/sources.py): a .jsonl/.json/.csv/
+    .parquet file, a folder saved with `save_to_disk`, or a datasets name. The prompts come
+    with it (prompts.source stays `bundled`; prompts.limit still applies); the settings above
+    are then unused and no policy samples. null: the policy samples k responses per prompt."""
+    source_split: str = "train"
+    """Split to read when `source` is a datasets name or a saved DatasetDict."""
+    source_shape: str = "auto"
+    """`responses` (a prompt and a list of responses), `ultrafeedback` (a prompt and
+    `completions`: objects with a model name, a response and a rating), `preference` (prompt,
+    chosen, rejected: each side becomes a sample and keeps its label), or `auto` (by columns)."""
+    source_columns: dict[str, str] = field(default_factory=dict)
+    """Column and key names where the source differs: prompt (default `prompt`, else
+    `instruction`), id, domain, responses, completions, model, response, rating
+    (`overall_score`), chosen, rejected. E.g. `{prompt: question, rating: fine-grained_score}`."""
