@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.cpu_head import use_compact_head
 from wim.config import Config, ConfigError
 from wim.errors import InputError
 from wim.models import load_causal_lm
@@ -100,6 +101,7 @@ def train_dpo_model(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    use_compact_head(trainer)
     lora = {n: p for n, p in trainer.model.named_parameters()
             if "lora_" in n and p.requires_grad and ".ref." not in n}
     with state.main_process_first():

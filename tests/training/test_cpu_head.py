@@ -1,0 +1,97 @@
+"""training/cpu_head.py on the bundled SmolLM2-135M inside a real trl.DPOTrainer: the compact head
+gives TRL's loss, gradients and logged metrics, while its kernel sees only completion tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import GOOD_VS_GARBAGE, QUICKSTART, write_pair_rows
+
+
+def _trainer(tmp_path: Path, compact: bool):
+    from trl import DPOTrainer
+
+    from training.cpu_head import use_compact_head
+    from training.dpo import _dpo_args, _load_pairs, lora_config
+    from wim.config import load_config
+    from wim.models import load_causal_lm
+
+    cfg = load_config(QUICKSTART, ["policy.dtype=float32", "dpo.max_steps=1",
+                                   "dpo.save_steps=0", "dpo.per_device_train_batch_size=4"])
+    write_pair_rows(tmp_path / "pairs.jsonl", GOOD_VS_GARBAGE[:4])
+    model, tokenizer = load_causal_lm(cfg.policy.model, dtype="float32")
+    trainer = DPOTrainer(model=model, args=_dpo_args(cfg, tmp_path / f"t{compact}", False),
+                         train_dataset=_load_pairs(tmp_path / "pairs.jsonl"),
+                         processing_class=tokenizer, peft_config=lora_config(cfg))
+    if compact:
+        assert use_compact_head(trainer)  # on this CPU: no Triton
+    return trainer
+
+
+def _step(trainer):
+    """One batch through TRL's own loss (policy and reference pass), then backward."""
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    return batch, float(loss), grads, metrics
+
+
+def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypatch) -> None:
+    import trl.kernels
+
+    _, loss, grads, metrics = _step(_trainer(tmp_path, compact=False))
+
+    rows: list[int] = []  # rows of hidden states the kernel is handed, per call
+    kernel = trl.kernels.ChunkedLogProbFunction
+
+    class Counted(kernel):
+        @classmethod
+        def apply(cls, hidden, *args):
+            rows.append(len(hidden))
+            return kernel.apply(hidden, *args)
+
+    monkeypatch.setattr(trl.kernels, "ChunkedLogProbFunction", Counted)
+    batch, compact_loss, compact_grads, compact_metrics = _step(_trainer(tmp_path, compact=True))
+
+    assert compact_loss == pytest.approx(loss, abs=1e-6)
+    assert grads.keys() == compact_grads.keys() and grads  # the LoRA weights
+    for name, grad in grads.items():
+        assert (compact_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max() + 1e-7, name
+    assert compact_metrics.keys() == metrics.keys()
+    for key, value in metrics.items():
+        assert compact_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    # Policy and reference pass each score exactly the completion tokens (the labels that
+    # count), not the batch's batch x length positions.
+    completion = int(batch["completion_mask"][:, 1:].sum())
+    positions = batch["input_ids"][:, 1:].numel()
+    assert sum(rows) == 2 * completion < 2 * positions
+
+
+def test_a_batch_without_completion_tokens_still_has_a_graph(tmp_path) -> None:
+    import torch
+
+    trainer = _trainer(tmp_path, compact=True)
+    model = trainer.model
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                labels=torch.full_like(ids, -100), fused_lm_head=True)
+    assert out.log_probs.shape == (2, 3) and not out.log_probs.any()
+    out.loss.backward()  # zero, but connected to the weights
+
+
+def test_models_that_scale_their_logits_keep_trls_head() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from training.cpu_head import score_completions_only
+
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    config.logit_scale = 0.5
+    model = LlamaForCausalLM(config)
+    forward = model.forward
+    assert score_completions_only(model, ("log_probs",)) is False
+    assert model.forward == forward
