@@ -82,8 +82,8 @@ def train_dpo_model(
 
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
     n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
-    args = _dpo_args(cfg, out_dir / "trainer", progress)
     state = process_state()
+    args = _dpo_args(cfg, out_dir / "trainer", progress, n_pairs, state.num_processes)
     with state.main_process_first():  # rank 0 cleans stale checkpoints before others look
         checkpoint = _resumable_checkpoint(out_dir / "trainer", resume_key, state.is_main_process)
     dataset = _load_pairs(pairs_path)
@@ -264,12 +264,28 @@ def _count_pairs(pairs_path: Path) -> int:
     return n
 
 
-def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
+def precompute_reference(cfg: Config, n_pairs: int, processes: int = 1) -> bool:
+    """`dpo.reference_pass`: precompute the reference log-probabilities (one forward per pair
+    before training) or not (one per pair and step). `auto`: precompute when the training sees
+    the pairs more than once, so that the one pass replaces several."""
+    if cfg.dpo.reference_pass != "auto":
+        return cfg.dpo.reference_pass == "precompute"
+    seen = (cfg.dpo.max_steps * cfg.dpo.per_device_train_batch_size
+            * cfg.dpo.gradient_accumulation_steps * processes)
+    return seen > n_pairs
+
+
+def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int = 0,
+              processes: int = 1):
     """Build `trl.DPOConfig` from `cfg.dpo` (+ `extra`), checking `extra` keys by name first."""
     from trl import DPOConfig
 
     dpo = {f.name: getattr(cfg.dpo, f.name) for f in dataclasses.fields(cfg.dpo)}
     extra = dict(dpo.pop("extra"))
+    dpo.pop("reference_pass")
+    if "precompute_ref_log_probs" in extra:
+        raise ConfigError("dpo.extra: 'precompute_ref_log_probs' has its own key; set "
+                          "dpo.reference_pass (auto, precompute or per_step) instead.")
     known = {f.name for f in dataclasses.fields(DPOConfig)}
     for key in extra:
         if key not in known:
@@ -298,6 +314,7 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
         save_strategy="steps" if cfg.dpo.save_steps else "no",
         save_total_limit=2,  # LoRA checkpoints are small; two guard against a torn last one
         disable_tqdm=not progress,
+        precompute_ref_log_probs=precompute_reference(cfg, n_pairs, processes),
     )
     if not cfg.dpo.save_steps:
         dpo.pop("save_steps")  # DPOConfig refuses save_steps=0

@@ -183,7 +183,7 @@ def time_judging(dtypes: list[str], items: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def _train(dtype: str, pairs: Path, steps: int, cache: Path, precompute: bool) -> dict:
+def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str) -> dict:
     """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds."""
     import json
 
@@ -192,9 +192,8 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, precompute: bool) -
 
     for child in cache.iterdir():
         shutil.rmtree(child, ignore_errors=True)
-    overrides = [f"policy.dtype={dtype}", f"dpo.max_steps={steps}", "dpo.save_steps=0"]
-    if precompute:
-        overrides.append("dpo.extra={precompute_ref_log_probs: true}")
+    overrides = [f"policy.dtype={dtype}", f"dpo.max_steps={steps}", "dpo.save_steps=0",
+                 f"dpo.reference_pass={reference_pass}"]
     cfg = load_config(QUICKSTART, overrides)
     with tempfile.TemporaryDirectory() as out:
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -202,17 +201,17 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, precompute: bool) -
         seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
         history = json.loads((Path(out) / "log_history.json").read_text())
     losses = [h["loss"] for h in history if "loss" in h]
-    print(f"  DPO {dtype} precompute={precompute}: {seconds:.1f} s wall, {cpu_s:.1f} s CPU",
+    print(f"  DPO {dtype} reference_pass={reference_pass}: {seconds:.1f} s wall, {cpu_s:.1f} s CPU",
           flush=True)
     return {"metrics": metrics, "losses": losses, "seconds": seconds, "cpu": cpu_s,
             "load": os.getloadavg()[0]}
 
 
 def time_dpo(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
-    runs = {d: _train(d, pairs, steps, cache, precompute=False) for d in dtypes}
+    runs = {d: _train(d, pairs, steps, cache, "auto") for d in dtypes}
     n_pairs = sum(1 for line in pairs.open() if line.strip())
     lines = [f"DPO: {n_pairs} quickstart pairs ({pairs}), {steps} steps, batch 4, max_length "
-             "192, LoRA r 8 on q_proj/v_proj, per-step reference pass",
+             "192, LoRA r 8 on q_proj/v_proj, dpo.reference_pass auto",
              f"{'dtype':<10} {'wall s':>7} {'s/step':>7} {'CPU s':>7} {'loss first':>10} "
              f"{'loss last':>9} {'min':>6} {'load':>5}"]
     for dtype, r in runs.items():
@@ -235,8 +234,8 @@ def time_reference_pass(dtypes: list[str], pairs: Path, steps: int, cache: Path)
              f"{'dtype':<10} {'per-step s':>10} {'precompute s':>12} {'ratio':>6} "
              f"{'CPU ratio':>9} {'max |loss diff|':>16}"]
     for dtype in dtypes:
-        per_step = _train(dtype, pairs, steps, cache, precompute=False)
-        pre = _train(dtype, pairs, steps, cache, precompute=True)
+        per_step = _train(dtype, pairs, steps, cache, "per_step")
+        pre = _train(dtype, pairs, steps, cache, "precompute")
         diff = max(abs(a - b) for a, b in zip(per_step["losses"], pre["losses"], strict=True))
         lines.append(f"{dtype:<10} {per_step['seconds']:>10.1f} {pre['seconds']:>12.1f} "
                      f"{pre['seconds'] / per_step['seconds']:>6.2f} "

@@ -32,6 +32,7 @@ _CHOICES = {
     "judge.dtype": ("auto", "float32", "bfloat16"),
     "blind.dtype": ("auto", "float32", "bfloat16"),
     "http.adapter_serving": ("none", "vllm"),
+    "dpo.reference_pass": ("auto", "precompute", "per_step"),
 }
 
 

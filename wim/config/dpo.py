@@ -41,6 +41,11 @@ class DPOSection:
     save_steps: int = 25
     """Save a checkpoint every this many steps (and at the end), so that a killed training
     resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
+    reference_pass: str = "auto"
+    """The reference model's log-probabilities (the base, adapter off): `precompute` them in
+    one pass over the pairs before training (TRL's precompute_ref_log_probs), or compute them
+    `per_step`; `auto` precomputes when training passes over the pairs more than once
+    (max_steps x batch x accumulation x processes > pairs), where it saves reference passes."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Any other trl.DPOConfig field, by its name (checked against the installed TRL)."""
 
