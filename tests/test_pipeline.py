@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
 
+from wim.cli import main
 from wim.records import read_records, record_key
 
 REPORT_KEYS = [
@@ -153,16 +154,70 @@ def _kill_when(cmd: list[str], path: Path, min_lines: int) -> None:
     proc.wait()
 
 
+def _surviving(path: Path) -> bytes:
+    """The complete lines a killed run left (a torn last line is cut off on resume)."""
+    data = path.read_bytes()
+    return data[:data.rfind(b"\n") + 1]
+
+
+def _count_calls(monkeypatch) -> list[tuple[str, int, float]]:
+    """Every TransformersBackend.generate call in this process: (policy or judge, how many
+    conversations, temperature). The judge prefills its turn; the policy does not."""
+    from wim.backends import TransformersBackend
+
+    calls: list[tuple[str, int, float]] = []
+    real = TransformersBackend.generate
+
+    def counted(self, conversations, params, **kwargs):
+        role = "policy" if kwargs.get("prefill") is None else "judge"
+        calls.append((role, len(conversations), params.temperature))
+        return real(self, conversations, params, **kwargs)
+
+    monkeypatch.setattr(TransformersBackend, "generate", counted)
+    return calls
+
+
+def _batches_missing(reference_run: Path, have: bytes) -> int:
+    """Batches (2 prompts x 2 samples, in the reference run's order) with a record not in
+    `have`."""
+    order = list(dict.fromkeys(r["prompt_id"] for r in read_records(reference_run /
+                                                                    "samples.jsonl")))
+    kept = {record_key(json.loads(line)) for line in have.splitlines()}
+    batches = [order[i:i + 2] for i in range(0, len(order), 2)]
+    return sum(any((p, j) not in kept for p in batch for j in range(2)) for batch in batches)
+
+
 @pytest.mark.slow
-def test_sigkill_and_resume_equals_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:
+def test_sigkill_and_resume_equals_uninterrupted_run(reference_run: Path, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    """Killed mid-generation, then mid-judging: each resume keeps the records that survived
+    (byte for byte, at the head of the file) and generates or judges only the batches that
+    miss a record; the end result equals the uninterrupted run's."""
     out = tmp_path / "killed"
-    cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
-           *sets(EIGHT)]
-    _kill_when(cmd, out / "samples.jsonl", 3)  # mid-generation
-    assert 3 <= _lines(out / "samples.jsonl") < 16
-    _kill_when(cmd, out / "judgements.jsonl", 3)  # mid-judging
-    assert _lines(out / "judgements.jsonl") < 16
-    run_wim(cmd)
+    args = ["--out", str(out), "--no-progress", *sets(EIGHT)]
+    cmd = ["run", str(QUICKSTART), "--skip-train", *args]
+    _kill_when(cmd, out / "samples.jsonl", 5)  # mid-generation, the first batch written
+    samples = _surviving(out / "samples.jsonl")
+    assert 4 <= samples.count(b"\n") < 16
+    calls = _count_calls(monkeypatch)
+    assert main(["generate", str(QUICKSTART), *args]) == 0  # in this process, counted
+    assert out.joinpath("samples.jsonl").read_bytes().startswith(samples)
+    # Only the batches that missed a sample were generated again (two prompts each).
+    assert calls and {role for role, _, _ in calls} == {"policy"}
+    assert sum(n for _, n, _ in calls) == 2 * _batches_missing(reference_run, samples) < 8
+
+    _kill_when(cmd, out / "judgements.jsonl", 5)  # mid-judging
+    judgements = _surviving(out / "judgements.jsonl")
+    assert 4 <= judgements.count(b"\n") < 16  # judging had begun, and not finished
+    calls.clear()
+    assert main(cmd) == 0
+    assert out.joinpath("samples.jsonl").read_bytes().startswith(samples)
+    assert out.joinpath("judgements.jsonl").read_bytes().startswith(judgements)
+    # No sample was generated again; only the batches that missed a judgement were judged
+    # (first attempts are greedy: later ones are retries of parse failures).
+    first_attempts = [n for role, n, t in calls if role == "judge" and t == 0.0]
+    assert {role for role, _, _ in calls} == {"judge"}
+    assert sum(first_attempts) == 4 * _batches_missing(reference_run, judgements) < 16
     for name in ("samples.jsonl", "judgements.jsonl", "scores.jsonl"):
         _same_records(reference_run, out, name)
     assert len(read_records(out / "samples.jsonl")) == 16

@@ -24,6 +24,14 @@ def _judge_items(run: Path, n: int = 6) -> list[tuple[str, str]]:
     return [(s["prompt"], s["response"]) for s in samples[:n]]
 
 
+def _recorded(run: Path, n: int = 6) -> list[str]:
+    """The raw texts rounds/2/judgements.jsonl holds for `_judge_items(run, n)`."""
+    samples = [json.loads(line) for line in (run / "rounds" / "2" / "samples.jsonl").open()]
+    raws = {(j["prompt_id"], j["sample_idx"]): j["raw_judge_text"]
+            for j in map(json.loads, (run / "rounds" / "2" / "judgements.jsonl").open())}
+    return [raws[s["prompt_id"], s["sample_idx"]] for s in samples[:n]]
+
+
 def _raw(overrides: list[str], items) -> list[str]:
     from data_gen.pipeline import Resources
     from wim.config import load_config
@@ -65,6 +73,9 @@ def test_two_rounds_changing_judge(tmp_path: Path, monkeypatch) -> None:
     base = _raw(["judge.role=fixed"], items)
     assert fixed == base
     assert changing != fixed
+    # What round 2 recorded is not what the base model alone writes on the same items (the
+    # first generation batch: the same judge call as in the run).
+    assert _recorded(run, 4) != _raw(["judge.role=fixed"], _judge_items(run, 4))
     _check_wandb(tmp_path / "wandb", run)
     # A finished run is not redone: every stage of both rounds is skipped.
     again = run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
@@ -117,3 +128,7 @@ def test_two_rounds_fixed_judge_loads_the_weights_once(tmp_path: Path, monkeypat
     assert report["round/2/train/steps"] == 1
     round2 = [json.loads(line) for line in (run / "rounds/2/judgements.jsonl").open()]
     assert {j["judge_role"] for j in round2} == {"fixed"}
+    # Round 2 was judged by the base model: re-judged greedily by the base model alone (no
+    # adapter, a fresh load), the first generation batch (the same judge call as in the run)
+    # gives the recorded texts.
+    assert _raw(["judge.role=fixed"], _judge_items(run, 4)) == _recorded(run, 4)
