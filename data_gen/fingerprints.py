@@ -20,17 +20,21 @@ from wim.records import storage_error
 from wim.rundir import RunDir, identity
 
 _STATS = ("stats/generate.json", "stats/judge.json", "stats/score.json", "stats/pairs.json",
-          "stats/train.json")
+          "stats/train.json", "stats/eval.json")
 # stage: (config sections beyond the run identity, input files, output files)
 STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "generate": ((), (), ("samples.jsonl",)),
     "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
     "score": (("scoring", "judge.on_parse_failure"), ("judgements.jsonl",), ("scores.jsonl",)),
-    "pairs": (("pairs", "export"), ("scores.jsonl",), ("pairs.jsonl",)),
+    # The card shows the scoring and judge settings; agreement.json uses validity's zetas.
+    "pairs": (("pairs", "export", "scoring", "judge.on_parse_failure", "eval.compare_zetas"),
+              ("scores.jsonl",), ("pairs.jsonl", "pairs/README.md", "pairs.README.md")),
     "train": (("lora", "dpo", "wandb", "training"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
+    "eval": (("eval", "blind", "prompts.holdout", "generation"),
+             ("train/adapter/adapter_model.safetensors", "split.json"), ("eval.json",)),
     "report": (("scoring", "pairs", "wandb"),
-               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json",
+               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json", "agreement.json",
                 "train/log_history.json", *_STATS),
                ("report.json", "report.md", "report.html")),
 }
@@ -62,9 +66,19 @@ def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
         "sections": {name: _value(data, name) for name in sections},
         "shard": shard,
         "prompts": prompts_sha if stage in ("generate", "judge") else None,
-        "inputs": {name: file_sha256(run.file(name)) for name in inputs},
+        "inputs": {name: file_sha256(run.file(name)) for name in _inputs(run, stage, inputs)},
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _inputs(run: RunDir, stage: str, inputs: tuple[str, ...]) -> list[str]:
+    """The stage's input files; the eval stage of a run of several rounds also reads every
+    round's adapter (the last one is the policy it evaluates)."""
+    names = list(inputs)
+    if stage == "eval" and run.file("rounds").is_dir():
+        names += sorted(str(p.relative_to(run.path)) for p in
+                        run.file("rounds").glob("*/train/adapter/adapter_model.safetensors"))
+    return names
 
 
 def _value(data: dict, dotted: str) -> Any:

@@ -27,8 +27,9 @@ from data_gen.stages import (
     judge_samples,
     score_run,
 )
-from wim.backends import Backend, TransformersBackend, open_backend
-from wim.config import Config
+from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
+from wim.backends.adapter_serving import served_http
+from wim.config import Config, judge_http
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
@@ -67,15 +68,41 @@ class Resources:
         self._judge: BackendJudge | None = None
         self._prompts = None
         self._held_out = None
+        self._source = None  # (SourceSet, sha256) of generation.source
         self._lm = None  # (model, tokenizer) of a transformers policy
         self._adapter: str | None = None  # the adapter folder whose weights the model holds
 
     def prompts(self):
-        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py)."""
+        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py).
+        With `generation.source`, the source's prompts that have two or more responses."""
         if self._prompts is None:
-            p = self.cfg.prompts
-            self._prompts, self._held_out = load_split(p.source, p.split, p.limit, p.holdout)
+            if self.cfg.generation.source is not None:
+                self._prompts = [sp.prompt for sp in self.source()[0].prompts]
+                self._held_out = []
+            else:
+                p = self.cfg.prompts
+                self._prompts, self._held_out = load_split(p.source, p.split, p.limit,
+                                                           p.holdout)
         return self._prompts
+
+    def source(self):
+        """(SourceSet, its content sha256) of `generation.source`, read once."""
+        if self._source is None:
+            from wim.sources import load_source, source_sha256
+
+            g = self.cfg.generation
+            sha = source_sha256(g.source, g.source_split)
+            self._source = (load_source(g.source, g.source_split, g.source_shape,
+                                        g.source_columns, self.cfg.prompts.limit), sha)
+        return self._source
+
+    def inputs_sha256(self) -> str:
+        """What the generate and judge stages read beyond the config: the prompts, and the
+        content of `generation.source` when set."""
+        sha = prompts_sha256(self.prompts())
+        if self.cfg.generation.source is not None:
+            sha = f"{sha}:{self.source()[1]}"
+        return sha
 
     def held_out(self):
         self.prompts()
@@ -89,7 +116,7 @@ class Resources:
             c = self.cfg
             self._lm = load_causal_lm(c.policy.model, adapter=c.policy.adapter,
                                       load_in_4bit=c.training.load_in_4bit,
-                                      peft_adapter=c.training.rounds > 1)
+                                      peft_adapter=c.training.rounds > 1, dtype=c.policy.dtype)
             self._adapter = c.policy.adapter
         return self._lm
 
@@ -119,8 +146,11 @@ class Resources:
         """The shared model for training, or None when training must load its own: an adapter
         attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
         PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base."""
-        if self.cfg.policy.backend != "transformers":
+        served = self.cfg.policy.backend == "http" and self.cfg.http.adapter_serving == "vllm"
+        if self.cfg.policy.backend != "transformers" and not served:
             return None
+        if served:  # trained here, served there: a local copy of the policy that rounds keep
+            return self.lm()
         if self.cfg.policy.adapter and self.cfg.training.rounds == 1:
             return None
         return self.lm()
@@ -133,10 +163,15 @@ class Resources:
                 self._policy = TransformersBackend(model, tokenizer,
                                                    batch_size=c.generation.batch_size,
                                                    label=c.policy.model)
+            elif c.policy.backend == "http":
+                # Served adapters: the server samples by the adapter's name (registered now, so
+                # a resumed run registers again what a restarted server lost).
+                http = served_http(c.http, c.policy.adapter)
+                self._policy = open_http_backend(http, c.policy.model)
             else:
                 self._policy = open_backend(c.policy.backend, c.policy.model, c,
                                             batch_size=c.generation.batch_size,
-                                            adapter=c.policy.adapter)
+                                            adapter=c.policy.adapter, dtype=c.policy.dtype)
         return self._policy
 
     def judge(self) -> BackendJudge:
@@ -153,14 +188,21 @@ class Resources:
 def make_judge(cfg: Config, policy) -> BackendJudge:
     """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
     j = cfg.judge
-    if j.role == "external":
-        backend = open_backend(j.backend, j.model or cfg.http.model, cfg, batch_size=j.batch_size)
-        name = j.model or cfg.http.model
+    if j.role == "external" and j.backend == "http":
+        http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
+        backend = open_http_backend(http)
+        name = http.model
+    elif j.role == "external":
+        backend = open_backend(j.backend, j.model, cfg, batch_size=j.batch_size, dtype=j.dtype)
+        name = j.model
     else:
         backend = policy()
         name = cfg.policy.model
         if j.role == "fixed" and isinstance(backend, TransformersBackend):
             backend = backend.reference_view(batch_size=j.batch_size)
+        elif j.role == "fixed" and cfg.policy.backend == "http" and cfg.policy.adapter:
+            # The base model's served name: the frozen reference by construction.
+            backend = open_http_backend(cfg.http, cfg.policy.model)
         elif cfg.policy.adapter:
             name = f"{name} + adapter {cfg.policy.adapter}"
     return BackendJudge(
@@ -194,7 +236,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
         for stage in stages:
             if stage not in runners:
                 raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(runners)}")
-            prompts = prompts_sha256(res.prompts()) if stage in ("generate", "judge") else None
+            prompts = res.inputs_sha256() if stage in ("generate", "judge") else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
             # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
@@ -223,6 +265,11 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
 
 def _generate(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
+    if cfg.generation.source is not None:  # existing responses: nothing sampled, no policy
+        from data_gen.sourced import import_samples
+
+        source, sha = res.source()
+        return import_samples(cfg, run, source, sha, shard, progress)
     write_split(run.path, res.prompts(), res.held_out())
     return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
 

@@ -169,14 +169,16 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     samples = index_by_key(run.require("samples.jsonl", "wim generate"))
     done = index_by_key(_final_judgements(run))
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    keys_of: dict[str, list[tuple[str, int]]] = {}  # k samples, or a source's own count
+    for key in sorted(samples):
+        keys_of.setdefault(key[0], []).append(key)
     start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
     tokens, lost = 0, 0
     bar = _bar(len(samples), "judge", progress)
     overlong = {"truncated": 0, "skipped": 0}
     with JsonlAppender(run.judgements) as out:
         for b, batch in batches:
-            keys = [(p.id, j) for p in batch for j in range(cfg.generation.k)
-                    if (p.id, j) in samples]
+            keys = [key for p in batch for key in keys_of.get(p.id, [])]
             fits = judge.fit([(samples[key]["prompt"], samples[key]["response"]) for key in keys],
                              cfg.judge.overlong, cfg.judge.max_input_tokens)
             overlong["truncated"] += sum(cut for _, cut in fits)
@@ -226,10 +228,18 @@ def _final_judgements(run: RunDir) -> list[dict[str, Any]]:
     return final
 
 
-def _backend_stats(backend, role: str) -> dict[str, int]:
-    """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...)."""
+def _backend_stats(backend, role: str) -> dict[str, Any]:
+    """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...); for a
+    local model the dtype it computed in (`dtype/judge`) and the machine it was picked for
+    (`machine/cpu_capability`, `machine/native_bf16`, ...: wim/precision.py)."""
     counts = getattr(backend, "stats", None) or {}
-    return {f"http/{role}/{k}": v for k, v in counts.items()}
+    stats: dict[str, Any] = {f"http/{role}/{k}": v for k, v in counts.items()}
+    if getattr(backend, "dtype", None):
+        from wim.precision import machine
+
+        stats[f"dtype/{role}"] = backend.dtype
+        stats.update({f"machine/{k}": v for k, v in machine().describe().items()})
+    return stats
 
 
 def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
@@ -243,6 +253,9 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
         record["judge_prompt_truncated"] = True
+    served = getattr(judge, "served_model", None)
+    if served:  # which name the server judged by (base model, or a round's adapter)
+        record["judge_served_model"] = served
     return record
 
 
@@ -276,25 +289,61 @@ def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
 
 
 def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[str, Any]:
-    """pairs.jsonl plus a saved datasets folder DIR/pairs/ (and push_to_hub when configured)."""
+    """pairs.jsonl plus a saved datasets folder DIR/pairs/ (and push_to_hub when configured),
+    each with its dataset card (wim/card.py); DIR/agreement.json when the responses came from
+    a source with its own preferences (data_gen/agreement.py)."""
+    from data_gen.agreement import source_agreement
     from wim.pairs import build_pairs
 
     start = time.perf_counter()
     scores = run.require("scores.jsonl", "wim score")
     rows, counts = build_pairs(scores, cfg.pairs, seed=cfg.seed)
     write_records_atomic(run.pairs, rows)
-    if save_dataset and rows:
-        _save_dataset(cfg, run.pairs, run.file("pairs"))
     stats = counts.as_metrics()
+    folder = run.file("pairs")
+    if save_dataset and rows:
+        _save_dataset(run.pairs, folder)
+    cards = _write_cards(cfg, run, scores, stats)
+    if save_dataset and rows and cfg.export.push_to_hub:
+        _push(cfg.export.push_to_hub, folder, cards)
+    agreement = source_agreement(cfg, run, scores)
+    if agreement is not None:
+        stats["agreement/pairs"] = agreement["pairs"]
+        stats["agreement/label_ties"] = agreement["label_ties"]
     stats["time/pairs"] = time.perf_counter() - start
     _write_stats(run, "pairs", stats)
     return stats
 
 
-def _save_dataset(cfg: Config, jsonl: Path, folder: Path) -> None:
+def _write_cards(cfg: Config, run: RunDir, scores: list[dict], counts: dict[str, Any]) -> str:
+    """DIR/pairs/README.md (configs: the saved folder's arrow files) and DIR/pairs.README.md
+    (configs: pairs.jsonl) for the Hub; returns the card text the Hub gets (its layout)."""
+    from wim.card import render_card
+
+    source = None  # the generate stage's stats name the source's shape and sha256
+    if cfg.generation.source is not None and run.file("stats/generate.json").is_file():
+        source = json.loads(run.file("stats/generate.json").read_text())
+    folder = run.file("pairs")
+    folder.mkdir(exist_ok=True)  # the card is written even when there is no pair
+    (folder / "README.md").write_text(render_card(cfg, scores, counts, "data-*.arrow", source))
+    run.file("pairs.README.md").write_text(render_card(cfg, scores, counts, "pairs.jsonl",
+                                                       source))
+    return render_card(cfg, scores, counts, "data/train-*", source)
+
+
+def _save_dataset(jsonl: Path, folder: Path) -> None:
     from datasets import load_dataset
 
     dataset = load_dataset("json", data_files=str(jsonl), split="train")
     dataset.save_to_disk(str(folder))
-    if cfg.export.push_to_hub:
-        dataset.push_to_hub(cfg.export.push_to_hub)
+
+
+def _push(repo: str, folder: Path, card: str) -> None:
+    """The card goes up first: `push_to_hub` then adds its dataset_info and configs to the
+    README it finds and keeps our text (datasets 5.2, arrow_dataset.py)."""
+    from datasets import load_from_disk
+    from huggingface_hub import DatasetCard, HfApi
+
+    HfApi().create_repo(repo, repo_type="dataset", exist_ok=True)
+    DatasetCard(card).push_to_hub(repo, repo_type="dataset")
+    load_from_disk(str(folder)).push_to_hub(repo)

@@ -4,8 +4,11 @@ Each gold pair holds a prompt, a `chosen` answer known to be better and a `rejec
 configured judge judges both answers once (the run's judge: role, model, prompt, retries), the
 embedder scores them, and every scoring system ranks the pair: numeric (zeta 0), WIM (zeta 1)
 and the mix at each zeta of `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`.
-Per system: accuracy (chosen ranked first; a tie counts as half), the share of ties, the
-strict accuracy (ties count as wrong), a Wilson 95% interval, and per-domain accuracy. A pair
+Per system: accuracy (chosen ranked first; a tie counts as half) with a paired bootstrap 95%
+interval, the sign test of right against wrong (ties out) with its Clopper-Pearson interval,
+the share of ties, the strict accuracy (ties count as wrong), per-domain accuracy with n and
+an interval, and a paired test against numeric on the same pairs (accuracy difference with a
+bootstrap interval; exact McNemar on the discordant pairs, Holm over the systems). A pair
 whose judgement failed for a system is counted as a failure, not as right or wrong. As a
 reference, "longer answer" ranks by length alone. Fewer ties only help if the winner is right.
 
@@ -29,7 +32,15 @@ from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import system_values
 from wim.scoring import is_tie
-from wim.statistics import MECHANICAL_WARNING, is_bundled, wilson_interval
+from wim.statistics import (
+    MECHANICAL_WARNING,
+    binomial_p,
+    bootstrap_interval,
+    bootstrap_note,
+    decisive_interval,
+    holm,
+    is_bundled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,45 +147,86 @@ def _zetas(cfg: Config) -> list[float]:
     return sorted(z for z in zs if 0.0 < z < 1.0)
 
 
-def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> dict:
-    """Per system: accuracy, tie share, strict accuracy, Wilson interval, per domain."""
+def pair_outcomes(cfg: Config, pairs: list[GoldPair], scored: list[dict]
+                  ) -> dict[str, dict[str, float | None]]:
+    """{system: {pair id: 1 (chosen ranked first), 0.5 (tie), 0 (wrong) or None (failed)}}."""
     zetas = _zetas(cfg)
     values = {(r["prompt_id"], r["sample_idx"]): system_values(r, cfg.scoring.zeta, zetas)
               for r in scored}
-    systems = ["numeric", "wim", *[f"zeta={z:g}" for z in zetas]]
-    out = {}
-    for s in systems:
-        counts = {"right": 0, "wrong": 0, "tie": 0, "failures": 0}
-        domains: dict[str, list[float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
+    for s in ["numeric", "wim", *[f"zeta={z:g}" for z in zetas]]:
+        out[s] = {}
         for p in pairs:
             a, b = values.get((p.id, 0), {}).get(s), values.get((p.id, 1), {}).get(s)
-            if a is None or b is None:
-                counts["failures"] += 1
-                continue
-            kind = "tie" if is_tie(a - b, cfg.pairs.tie_tolerance) else (
-                "right" if a > b else "wrong")
-            counts[kind] += 1
-            domains.setdefault(p.domain, []).append({"right": 1.0, "tie": 0.5}.get(kind, 0.0))
-        out[s] = _row(counts, domains)
-    lengths = {"right": 0, "wrong": 0, "tie": 0, "failures": 0}
-    for p in pairs:
-        d = len(p.chosen) - len(p.rejected)
-        lengths["right" if d > 0 else "wrong" if d < 0 else "tie"] += 1
-    out["longer answer (reference)"] = _row(lengths, {})
+            out[s][p.id] = None if a is None or b is None else (
+                0.5 if is_tie(a - b, cfg.pairs.tie_tolerance) else float(a > b))
+    out[LONGER] = {p.id: 0.5 if len(p.chosen) == len(p.rejected)
+                   else float(len(p.chosen) > len(p.rejected)) for p in pairs}
     return out
 
 
-def _row(c: dict[str, int], domains: dict[str, list[float]]) -> dict:
-    n = c["right"] + c["wrong"] + c["tie"]
+LONGER = "longer answer (reference)"
+
+
+def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> dict:
+    """Per system: accuracy (ties half) with a paired bootstrap interval, the sign test of
+    right against wrong with its Clopper-Pearson interval, tie share, strict accuracy, per
+    domain (n, accuracy, interval), and a paired test against numeric on the same pairs."""
+    outcomes = pair_outcomes(cfg, pairs, scored)
+    out = {s: _row(cfg, pairs, o) for s, o in outcomes.items()}
+    tests = {s: paired_vs_numeric(cfg, outcomes[s], outcomes["numeric"])
+             for s in outcomes if s != "numeric"}
+    for s, p in zip(tests, holm([t["mcnemar_p"] for t in tests.values()]), strict=True):
+        out[s]["vs_numeric"] = {**tests[s], "mcnemar_p_holm": p}
+    return out
+
+
+def _row(cfg: Config, pairs: list[GoldPair], outcomes: dict[str, float | None]) -> dict:
+    got = [v for v in outcomes.values() if v is not None]
+    right, wrong, tie = got.count(1.0), got.count(0.0), got.count(0.5)
+    n, seed, resamples = len(got), cfg.seed, cfg.eval.bootstrap_resamples
+    domains: dict[str, list[float]] = {}
+    for p in pairs:
+        if outcomes[p.id] is not None:
+            domains.setdefault(p.domain, []).append(outcomes[p.id])
     return {
-        "n": n + c["failures"], "right": c["right"], "wrong": c["wrong"], "ties": c["tie"],
-        "failures": c["failures"],
-        "accuracy": (c["right"] + 0.5 * c["tie"]) / n if n else None,
-        "strict_accuracy": c["right"] / n if n else None,
-        "tie_share": c["tie"] / n if n else None,
-        "wilson_95": wilson_interval(c["right"], c["wrong"], c["tie"]),
-        "by_domain": {d: sum(v) / len(v) for d, v in sorted(domains.items())},
+        "n": len(outcomes), "right": right, "wrong": wrong, "ties": tie,
+        "failures": len(outcomes) - n,
+        "accuracy": (right + 0.5 * tie) / n if n else None,
+        "bootstrap_95": bootstrap_interval(got, seed, resamples),
+        "bootstrap_note": bootstrap_note(got),
+        "decisive_rate": right / (right + wrong) if right + wrong else None,
+        "decisive_95": decisive_interval(right, wrong),
+        "p_value": binomial_p(right, wrong),
+        "strict_accuracy": right / n if n else None,
+        "tie_share": tie / n if n else None,
+        "by_domain": {d: {"n": len(v), "accuracy": sum(v) / len(v),
+                          "bootstrap_95": bootstrap_interval(v, seed, resamples),
+                          "bootstrap_note": bootstrap_note(v)}
+                      for d, v in sorted(domains.items())},
     }
+
+
+def paired_vs_numeric(cfg: Config, system: dict[str, float | None],
+                      numeric: dict[str, float | None]) -> dict:
+    """One system against numeric on the pairs both scored: the accuracy difference (ties
+    half) with a paired bootstrap interval, and the exact McNemar test on the pairs where
+    exactly one of the two ranked the chosen answer strictly first (ties count as not)."""
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    both = [(system[k], numeric[k]) for k in system
+            if system[k] is not None and numeric.get(k) is not None]
+    diffs = [a - b for a, b in both]
+    only_system = sum(a == 1.0 and b != 1.0 for a, b in both)
+    only_numeric = sum(b == 1.0 and a != 1.0 for a, b in both)
+    table = [[0, only_system], [only_numeric, 0]]  # only the discordant cells matter
+    p = float(mcnemar(table, exact=True).pvalue) if only_system + only_numeric else 1.0
+    return {"n": len(both), "accuracy_diff": sum(diffs) / len(diffs) if diffs else None,
+            "diff_bootstrap_95": bootstrap_interval(diffs, cfg.seed,
+                                                    cfg.eval.bootstrap_resamples),
+            "diff_bootstrap_note": bootstrap_note(diffs),
+            "only_system_right": only_system, "only_numeric_right": only_numeric,
+            "mcnemar_p": p}
 
 
 def scorer_validity(cfg: Config, gold: str | None = None, limit: int | None = None,
@@ -206,16 +258,51 @@ def validity_markdown(report: dict) -> str:
         lines += [f"> **{report['mechanical_warning']}**", ""]
     lines += [f"Gold: {report['gold']} ({report['pairs']} pairs). Judge: `{j['model']}` "
               f"({j['role']}, {j['mode']}), embedder `{j['embedder']}`. Accuracy: how often a "
-              "system scores the better answer higher (a tie counts as half; strict: as "
-              "wrong). Failures (a judgement that did not parse) are left out and counted.", "",
-              "| system | n | right | wrong | ties | failures | accuracy | Wilson 95% | tie share "
-              "| strict accuracy |", "|" + "---|" * 10]
+              "system scores the better answer higher, a tie counting as half, with a paired "
+              "bootstrap 95% interval over pairs (strict: ties as wrong). Sign test: right "
+              "against wrong, ties left out, with its own exact Clopper-Pearson 95% interval of "
+              "right / (right + wrong). Failures (a judgement that did not parse) are left out "
+              "and counted.", ""]
+    lines += systems_table_lines(report["systems"])
+    lines += ["", "## Each system against numeric, on the same pairs", "",
+              "Accuracy difference (ties half) with a paired bootstrap 95% interval; exact "
+              "McNemar test on the pairs where only one of the two ranked the better answer "
+              "strictly first; Holm over the systems below.", "",
+              "| system | pairs | accuracy - numeric | bootstrap 95% | only system right | "
+              "only numeric right | McNemar p | p (Holm) |", "|" + "---|" * 8]
     for name, r in report["systems"].items():
-        cells = [name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"],
-                 _f(r["accuracy"]), _f(r["wilson_95"]), _f(r["tie_share"]),
-                 _f(r["strict_accuracy"])]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        v = r.get("vs_numeric")
+        if v:
+            cells = [name, v["n"], _f(v["accuracy_diff"]), _f(v["diff_bootstrap_95"]),
+                     v["only_system_right"], v["only_numeric_right"], _p(v["mcnemar_p"]),
+                     _p(v["mcnemar_p_holm"])]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", "## Per domain (accuracy, ties half; n; paired bootstrap 95%)", "",
+              "| system | domain | n | accuracy | bootstrap 95% |", "|---|---|---|---|---|"]
+    for name, r in report["systems"].items():
+        for d, v in r["by_domain"].items():
+            boot = _f(v["bootstrap_95"]) if v["bootstrap_95"] else (v["bootstrap_note"] or "-")
+            lines.append(f"| {name} | {d or '(none)'} | {v['n']} | {_f(v['accuracy'])} | "
+                         f"{boot} |")
     return "\n".join(lines) + "\n"
+
+
+def systems_table_lines(systems: dict) -> list[str]:
+    """The markdown table of `validity_table`'s rows (also the report's agreement table)."""
+    lines = ["| system | n | right | wrong | ties | failures | accuracy (ties half) | "
+             "bootstrap 95% | right / decided (ties out) | Clopper-Pearson 95% | sign-test p | "
+             "tie share | strict accuracy |", "|" + "---|" * 13]
+    for name, r in systems.items():
+        boot = _f(r["bootstrap_95"]) if r["bootstrap_95"] else (r["bootstrap_note"] or "-")
+        cells = [name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"],
+                 _f(r["accuracy"]), boot, _f(r["decisive_rate"]), _f(r["decisive_95"]),
+                 _p(r["p_value"]), _f(r["tie_share"]), _f(r["strict_accuracy"])]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def _p(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def _f(x) -> str:

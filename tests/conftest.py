@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 # 4 prompts, 2 samples, 16 new tokens, 2 DPO steps: every stage for real, in about a minute.
 SHRUNK = [
+    "prompts.holdout=0",  # the quickstart holds out 16 prompts; shrunk runs evaluate nothing
     "prompts.limit=4",
     "generation.max_new_tokens=16",
     "generation.batch_size=2",
@@ -28,7 +30,7 @@ SHRUNK = [
 # Fixtures that load a real model or start a server: every test using one is marked `slow` here,
 # so the marking cannot drift. Tests that load a model inline carry the mark themselves.
 REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished_run",
-                       "reference_run", "trained_adapter"}
+                       "reference_run", "trained_adapter", "vllm_server"}
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -108,6 +110,53 @@ def server_url(tmp_path_factory):
             proc.wait()
 
 
+@dataclass(frozen=True)
+class VLLMServer:
+    url: str
+    """The OpenAI-compatible base URL (…/v1)."""
+    name: str
+    """The served name of the base model."""
+    model_dir: str
+    """The folder it serves (the bundled model's transformers folder)."""
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """A real vLLM server (the CPU build in .venv-vllm, `make install-vllm`) on the bundled
+    model's folder, with runtime LoRA loading on; one for the whole session (60-100 s to start).
+    Skipped when .venv-vllm is missing, unless WIM_REQUIRE_VLLM=1 (CI), where that fails.
+    WIM_VLLM_URL: use a server already running there instead (started as tools/vllm_server.py
+    starts it, on this machine), e.g. while working on these tests."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_server as launcher
+
+    from wim.models import resolve_causal_lm
+
+    if os.environ.get("WIM_VLLM_URL"):
+        yield VLLMServer(os.environ["WIM_VLLM_URL"].rstrip("/"), launcher.SERVED_NAME,
+                         resolve_causal_lm("bundled:smollm2-135m-instruct"), Path(os.devnull))
+        return
+    if not launcher.DEFAULT_PYTHON.exists():
+        message = f"needs the vLLM venv {launcher.DEFAULT_PYTHON.parents[1]}: make install-vllm"
+        if os.environ.get("WIM_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    port = launcher.free_port()
+    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    model_dir = resolve_causal_lm("bundled:smollm2-135m-instruct")
+    proc = launcher.start(launcher.DEFAULT_PYTHON, model_dir, port, log)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        try:
+            launcher.wait_ready(url, proc, log)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        yield VLLMServer(url, launcher.SERVED_NAME, model_dir, log)
+    finally:
+        launcher.stop(proc)
+
+
 class FlakyServer:
     """A small OpenAI-compatible chat server on 127.0.0.1 that can be down for a while.
 
@@ -185,10 +234,11 @@ def flaky_server():
 def http_overrides(url: str) -> list[str]:
     """Policy and judge both over HTTP, requests failing fast; numeric judging, so that no
     embedder (no local model at all) is needed."""
-    return ["policy.backend=http", "judge.role=external", "judge.backend=http",
-            f"http.base_urls=[{url}]", "http.model=flaky", "http.max_retries=0",
-            "http.concurrency=2", "http.timeout_s=10", "generation.batch_size=2",
-            "judge.max_retries=1", "judge.mode=numeric", "scoring.zeta=0"]
+    return ["prompts.holdout=0", "policy.backend=http", "judge.role=external",
+            "judge.backend=http", f"http.base_urls=[{url}]", "http.model=flaky",
+            "http.max_retries=0", "http.concurrency=2", "http.timeout_s=10",
+            "generation.batch_size=2", "judge.max_retries=1", "judge.mode=numeric",
+            "scoring.zeta=0"]
 
 
 # Pairs whose chosen side is clearly better: a correct, complete answer against garbage.

@@ -107,14 +107,24 @@ def test_compare_on_the_quickstart_config(tmp_path: Path):
             a["pairs_kept"] / judge_tokens * 1000)
         assert a["train_steps"] == 2 and a["loss_last"] is not None
         assert a["vs_base"]["p_holm"] is not None
-    # Every trained arm against the base and against every other trained arm, Holm over all.
-    expected = [f"{a} vs base" for a in trained]
-    expected += [f"{a} vs {b}" for a, b in itertools.combinations(trained, 2)]
+    # The pre-specified primary (WIM arm vs numeric arm) first, then every trained arm against
+    # the base and against every other trained arm, Holm over all.
+    primary = {"wim", "numeric"} <= set(trained)
+    expected = ["wim vs numeric"] if primary else []
+    expected += [f"{a} vs base" for a in trained]
+    expected += [f"{a} vs {b}" for a, b in itertools.combinations(trained, 2)
+                 if {a, b} != {"wim", "numeric"}]
     assert [c["name"] for c in report["comparisons"]] == expected
+    assert report["primary"] == ("wim vs numeric" if primary else expected[0])
+    assert [c["primary"] for c in report["comparisons"]] == [True] + [False] * (len(expected) - 1)
+    # 2 prompts can never be significant, and compare.json and compare.md say so first.
+    assert report["min_attainable_p_holm"] == pytest.approx(min(1.0, len(expected) * 0.5))
+    assert report["power_statement"].startswith("No result of this size can be significant")
     for c in report["comparisons"]:
         assert c["n"] == 2 and c["wins"] + c["losses"] + c["ties"] + c["failures"] == 2
         assert c["p_value"] <= c["p_holm"] <= 1
     md = (out / "compare.md").read_text()
     assert "mechanical" in md
+    assert md.index("No result of this size can be significant") < md.index("| arm |")
     for name in ARMS:
         assert f"| {name} |" in md

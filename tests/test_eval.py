@@ -107,11 +107,53 @@ def _longer_wins(messages: list[dict]) -> str:
     return f"Reason: length.\nVerdict: {verdict}"
 
 
+def check_eval_json(report: dict, n_prompts: int) -> None:
+    """The issue's checks on every comparison of an eval.json, against scipy and statsmodels."""
+    from scipy.stats import binomtest
+    from statsmodels.stats.multitest import multipletests
+
+    comparisons = report["comparisons"]
+    assert report["held_out_prompts"] == n_prompts
+    assert report["min_attainable_p_holm"] == pytest.approx(
+        min(1.0, len(comparisons) * binomtest(n_prompts, n_prompts).pvalue))
+    assert report["power_statement"] and comparisons[0]["primary"]
+    holm = multipletests([c["p_value"] for c in comparisons], method="holm")[1]
+    for c, p_holm in zip(comparisons, holm, strict=True):
+        w, lo = c["wins"], c["losses"]
+        if w + lo:
+            test = binomtest(w, w + lo)
+            assert c["p_value"] == pytest.approx(test.pvalue)
+            ci = test.proportion_ci(method="exact")
+            assert c["decisive_95"] == pytest.approx([ci.low, ci.high])
+            assert (c["p_value"] < 0.05) == (not ci.low <= 0.5 <= ci.high)
+        else:
+            assert c["p_value"] == 1.0 and c["decisive_95"] is None
+        assert c["p_holm"] == pytest.approx(p_holm)
+        assert c["order_agreement"] is None or 0.0 <= c["order_agreement"] <= 1.0
+        assert "wilson_95" not in c
+        assert sum(c["ties_split"].values()) == c["ties"] if c["ties_split"] else c["ties"] == 0
+
+
 @pytest.mark.slow
 def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path: Path):
     out = tmp_path / "run"
     run_wim(["run", str(QUICKSTART), "--out", str(out), "--no-progress",
-             *sets([*SHRUNK, "prompts.holdout=3", "dpo.learning_rate=1e-2"])])
+             *sets([*SHRUNK, "prompts.holdout=3", "dpo.learning_rate=1e-2",
+                    "eval.max_new_tokens=12", "blind.max_new_tokens=24"])])
+    # `wim run` evaluated the trained policy against its base (the eval stage) and the report
+    # starts with it: the issue's "done when", on the bundled evaluator.
+    check_eval_json(json.loads((out / "eval.json").read_text()), 3)
+    md = (out / "report.md").read_text()
+    assert md.index("Blind evaluation") < md.index("Numeric vs WIM vs mixed")
+    assert "Mechanical numbers" in md and "**Power.**" in md
+    assert "Primary comparison (pre-specified): policy vs base" in md
+    assert "Power." in (out / "report.html").read_text()
+    verdicts = [json.loads(line) for line in (out / "eval" / "verdicts.jsonl").open()]
+    assert len(verdicts) == 3 and all("order_ab" in v and "order_ba" in v for v in verdicts)
+    again = run_wim(["run", str(QUICKSTART), "--out", str(out), "--no-progress",
+                     *sets([*SHRUNK, "prompts.holdout=3", "dpo.learning_rate=1e-2",
+                            "eval.max_new_tokens=12", "blind.max_new_tokens=24"])])
+    assert "eval" in again.stderr.split("skipped")[-1]  # unchanged: not evaluated again
     server = RecordingServer(_longer_wins)
     try:
         proc = run_wim(["eval", str(out), "--against", str(out), "--no-progress",
@@ -122,17 +164,20 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
     assert "mechanical" in proc.stdout  # the bundled policy wrote the answers
     report = json.loads((out / "eval.json").read_text())
     assert report["evaluator"] == {"model": "recorded", "mode": "pairwise", "backend": "http",
-                                   "max_retries": 2}
+                                   "max_retries": 2, "dtype": None}  # a server: not ours
     assert "not evidence for or against WIM" in report["mechanical_warning"]
     names = [c["name"] for c in report["comparisons"]]
     assert names == ["policy vs base", f"policy vs policy of {out.name}"]
     for c in report["comparisons"]:
         assert c["n"] == 3 and c["failures"] == 0 and c["wins"] + c["losses"] + c["ties"] == 3
-        for key in ("wilson_95", "bootstrap_95"):
-            assert len(c[key]) == 2 and c[key][0] <= c["win_rate"] <= c[key][1]
+        if c["bootstrap_95"]:
+            assert c["bootstrap_95"][0] <= c["win_rate"] <= c["bootstrap_95"][1]
         assert 0 <= c["p_value"] <= c["p_holm"] <= 1
-    # The same policy against itself: identical answers, so only ties.
-    assert report["comparisons"][1]["ties"] == 3
+    check_eval_json(report, 3)
+    # The same policy against itself: identical answers, so only ties, and no interval.
+    same = report["comparisons"][1]
+    assert same["ties"] == 3 and same["ties_split"]["identical"] == 3
+    assert same["bootstrap_95"] is None and "equal" in same["bootstrap_note"]
 
     split = json.loads((out / "split.json").read_text())
     held = {p.id: p for p in load_prompts("bundled") if p.id in split["holdout"]}

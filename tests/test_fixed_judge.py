@@ -13,7 +13,9 @@ from wim.config import load_config
 ITEMS = [("Why is the sky blue?", "Because of the sun."),
          ("How many legs does a spider have?", "Six, I think."),
          ("What is the capital of Italy?", "Milan is the capital of Italy.")]
-SETTINGS = ["judge.max_new_tokens=24", "judge.max_retries=0", "judge.batch_size=4"]
+# The dtype is pinned: these tests compare greedy texts of different loading paths.
+SETTINGS = ["judge.max_new_tokens=24", "judge.max_retries=0", "judge.batch_size=4",
+            "policy.dtype=float32"]
 
 
 def _raw_judgements(overrides: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
 
 from wim.cli import main
@@ -57,6 +58,15 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     missing = [k for k in REPORT_KEYS if k not in report]
     assert not missing, missing
     assert report["train/steps"] == 2
+    # What the run computed in, on the machine it ran on (wim/precision.py).
+    from wim.precision import resolve_dtype
+
+    dtype = resolve_dtype("auto")
+    assert report["dtype/policy"] == report["dtype/judge"] == dtype
+    assert report["train/compute_dtype"] == dtype and report["train/lora_dtype"] == "float32"
+    assert "machine/cpu_capability" in report and "machine/native_bf16" in report
+    assert yaml.safe_load((finished_run / "resolved_config.yaml").read_text())[
+        "config"]["policy"]["dtype"] == dtype
     assert report["tokens/generated"] == sum(r["completion_tokens"] for r in samples)
     markdown = (finished_run / "report.md").read_text()
     assert "135M" in markdown
@@ -72,6 +82,16 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     for plot in plots:
         assert base64.b64encode(plot.read_bytes()).decode() in page, plot.name
     assert "Read this first." in page and 'id="wim-data"' in page
+    # The dataset card of a sampled run: its metadata parses and states judge, zeta, counts.
+    from huggingface_hub import DatasetCard
+
+    card = DatasetCard.load(finished_run / "pairs" / "README.md")
+    facts = card.data.to_dict()["wim"]
+    assert (facts["pairs"], facts["ties_dropped"], facts["judge_parse_failed"]) == (
+        report["pairs/count"], report["pairs/ties_dropped"], report["judge/parse_failed"])
+    assert facts["judge_model"] == report["judge/model"] and facts["zeta"] == 0.4
+    assert facts["mechanical_numbers"] is True and "**Mechanical numbers.**" in card.text
+    assert "Sampled by the policy `bundled:smollm2-135m-instruct`" in card.text
 
 
 @pytest.mark.slow
@@ -261,7 +281,7 @@ def test_exported_pairs_go_into_dpo_trainer_as_they_are(finished_run: Path, tmp_
     assert saved.to_list() == pairs.to_list()
     assert {"prompt", "chosen", "rejected", "chosen_critique", "rejected_score"} <= set(
         pairs.column_names)
-    model, tokenizer = load_causal_lm("bundled:smollm2-135m-instruct")
+    model, tokenizer = load_causal_lm("bundled:smollm2-135m-instruct", dtype="float32")
     args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2,
                      use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                      activation_checkpointing=False, max_length=96)
@@ -283,6 +303,8 @@ def test_numeric_baseline_run(tmp_path: Path) -> None:
     assert all(j["completion_tokens"] <= 4 * j["attempts"] for j in judgements)
     report = json.loads((out / "report.json").read_text())
     assert "pairs/tie_rate/numeric" in report and "pairs/tie_rate/wim" not in report
+    card = (out / "pairs" / "README.md").read_text()  # written whether or not a pair survived
+    assert "judge_mode: numeric" in card and "zeta: 0.0" in card
     # Asking for a WIM mix of rating-only judgements is refused with a clear message.
     proc = run_wim(["score", str(out), "--set", "scoring.zeta=0.4"], check=False)
     assert proc.returncode == 2 and "scoring.zeta=0" in proc.stderr

@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, SHRUNK, run_wim, sets
+from conftest import QUICKSTART, SHRUNK, FlakyServer, http_overrides, run_wim, sets
 
 from wim.records import read_records
 
@@ -36,6 +36,29 @@ def test_http_judge_run_never_writes_the_api_key(server_url: str, tmp_path: Path
     leaked = [p for p in out.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
     assert key not in proc.stdout + proc.stderr
+
+
+def test_a_judge_with_its_own_endpoint_sends_nothing_to_the_policy_server(tmp_path: Path) -> None:
+    """judge.http: the policy samples on one server, the judge answers on another."""
+    policy, judge = FlakyServer(), FlakyServer()
+    out = tmp_path / "two_servers"
+    try:
+        run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+                 *sets([*http_overrides(policy.url), "prompts.limit=4",
+                        f"judge.http.base_urls=[{judge.url}]", "judge.http.model=judge-70b"])])
+    finally:
+        policy.close()
+        judge.close()
+    judgements = read_records(out / "judgements.jsonl")
+    assert len(judgements) == 8 and all(j["judge_model"] == "judge-70b" for j in judgements)
+    assert policy.requests["judge"] == 0 and policy.requests["generate"] >= 4
+    assert judge.requests["generate"] == 0 and judge.requests["judge"] >= 8
+    # The judge's endpoint is part of the run's identity: another judge server is refused.
+    other = run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+                     *sets([*http_overrides(policy.url), "prompts.limit=4",
+                            "judge.http.base_urls=[http://127.0.0.1:9/v1]",
+                            "judge.http.model=judge-70b"])], check=False)
+    assert other.returncode != 0 and "judge_http" in other.stderr, other.stderr
 
 
 @pytest.mark.slow

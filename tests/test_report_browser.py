@@ -42,7 +42,8 @@ PROMPTS = [
 MARKER = "zanzibar-quokka"  # a word no model writes: the search must find exactly its entry
 INJECTED = (f"{MARKER} </script><script>window.__pwned=1;document.title='pwned'</script>"
             "<img src=x onerror=\"window.__pwned=2;document.title='pwned'\"> <!-- ]]>")
-SMALL = ["generation.max_new_tokens=16", "generation.batch_size=2", "judge.max_new_tokens=24",
+SMALL = ["prompts.holdout=0", "generation.max_new_tokens=16", "generation.batch_size=2",
+         "judge.max_new_tokens=24",
          "judge.max_retries=1",
          # Failed judgements are still scored (as the authors did), so every prompt gives a pair
          # and the browser has both pairs and marked parse failures (real ones, if any, and the

@@ -36,7 +36,9 @@ def _raw(overrides: list[str], items) -> list[str]:
     from data_gen.pipeline import Resources
     from wim.config import load_config
 
-    res = Resources(load_config(QUICKSTART, [*SHRUNK, "judge.max_retries=0", *overrides]))
+    # dtype pinned: fixed (adapter off) and base (no adapter) are compared token for token.
+    res = Resources(load_config(QUICKSTART, [*SHRUNK, "judge.max_retries=0",
+                                             "policy.dtype=float32", *overrides]))
     try:
         return [j.raw for j in res.judge().judge(items, seed=0)]
     finally:

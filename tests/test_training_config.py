@@ -17,10 +17,23 @@ from wim.config import ConfigError, load_config
     (["training.online_tie_policy=random"], "training.online_tie_policy"),
     (["training.rounds=2", "policy.backend=llama_cpp"], "training.rounds"),
     (["training.mode=online", "judge.role=external", "judge.model=x"], "training.mode"),
+    # An http policy's later rounds need the server to serve the trained adapters.
+    (["training.rounds=2", "policy.backend=http", "http.base_urls=[http://h/v1]"],
+     "training.rounds"),
+    (["http.adapter_serving=vllm"], "http.adapter_serving"),
+    (["http.adapter_serving=sglang", "policy.backend=http", "http.base_urls=[http://h/v1]"],
+     "http.adapter_serving"),
+    (["judge.role=fixed", "judge.http.base_urls=[http://judge/v1]"], "judge.http"),
 ])
 def test_bad_training_values_name_the_key(overrides, key) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(QUICKSTART, overrides)
+
+
+def test_rounds_with_an_http_policy_whose_server_serves_the_adapters() -> None:
+    cfg = load_config(QUICKSTART, ["training.rounds=2", "policy.backend=http",
+                                   "http.base_urls=[http://h/v1]", "http.adapter_serving=vllm"])
+    assert cfg.training.rounds == 2 and cfg.http.adapter_serving == "vllm"
 
 
 def test_defaults_are_one_offline_round() -> None:

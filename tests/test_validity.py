@@ -94,3 +94,40 @@ def test_validity_runs_on_the_bundled_gold_set_with_the_bundled_judge(tmp_path: 
     md = (out / "validity.md").read_text()
     assert "mechanical" in md and "| numeric |" in md and "| wim |" in md
     assert len((out / "validity_judgements.jsonl").read_text().splitlines()) <= 4
+
+
+def test_paired_test_against_numeric_and_intervals_match_the_libraries():
+    from scipy.stats import binomtest
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    cfg = load_config(QUICKSTART)
+    pairs = [GoldPair(f"g{i}", "ab"[i % 2], "Q", "long chosen", "short") for i in range(12)]
+    scored = []
+    for i in range(12):
+        # numeric: right on g0-g3, a tie on g4-g5, wrong after; wim: right on g0-g9.
+        rating = 9 if i < 4 else 5 if i < 6 else 2
+        scored += [_scored(f"g{i}", 0, rating, 0.9 if i < 10 else 0.1),
+                   _scored(f"g{i}", 1, 5, 0.5)]
+    table = validity_table(cfg, pairs, scored)
+    numeric, wim = table["numeric"], table["wim"]
+    assert (numeric["right"], numeric["ties"], numeric["wrong"]) == (4, 2, 6)
+    assert (wim["right"], wim["wrong"]) == (10, 2)
+    # The sign test's own interval: Clopper-Pearson of right / (right + wrong).
+    ci = binomtest(10, 12).proportion_ci(method="exact")
+    assert wim["decisive_95"] == pytest.approx([ci.low, ci.high])
+    assert wim["p_value"] == pytest.approx(binomtest(10, 12).pvalue)
+    assert "wilson_95" not in wim and wim["bootstrap_95"][0] <= wim["accuracy"]
+    # Paired against numeric on the same 12 pairs: wim alone right on g4-g9 (6), numeric
+    # alone right on none; exact McNemar on those discordant pairs.
+    v = wim["vs_numeric"]
+    assert (v["n"], v["only_system_right"], v["only_numeric_right"]) == (12, 6, 0)
+    assert v["mcnemar_p"] == pytest.approx(mcnemar([[4, 6], [0, 2]], exact=True).pvalue)
+    assert v["mcnemar_p"] == pytest.approx(2 / 2 ** 6)
+    assert v["accuracy_diff"] == pytest.approx((10 - 5) / 12)
+    lo, hi = v["diff_bootstrap_95"]
+    assert 0 < lo <= v["accuracy_diff"] <= hi
+    assert "mcnemar_p_holm" in v and "vs_numeric" not in numeric
+    # Every per-domain accuracy has its n and an interval (or says why there is none).
+    for d in ("a", "b"):
+        dom = wim["by_domain"][d]
+        assert dom["n"] == 6 and (dom["bootstrap_95"] or dom["bootstrap_note"])

@@ -41,8 +41,11 @@ def _print_eval(report: dict, path: Path) -> int:
     print(f"wrote {path} and {path.with_suffix('.md')}")
     if report.get("mechanical_warning"):
         print(f"note: {report['mechanical_warning']}")
-    keep = ("name", "n", "wins", "losses", "ties", "failures", "win_rate", "wilson_95",
-            "p_value", "p_holm", "lc_win_rate")
+    if report.get("power_statement"):
+        print(f"power: {report['power_statement']}")
+    keep = ("name", "primary", "n", "wins", "losses", "ties", "failures", "decisive_rate",
+            "decisive_95", "p_value", "p_holm", "win_rate", "bootstrap_95", "order_agreement",
+            "length_adjusted_win_rate")
     print(json.dumps([{k: c[k] for k in keep} for c in report["comparisons"]], indent=2))
     if report.get("backend_failures"):
         print(f"wim: incomplete: {report['backend_failures']} verdicts were lost to backend "

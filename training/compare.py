@@ -9,7 +9,9 @@ pairing and training differ, with the same seed and step budget:
   so the same texts carry no preference signal.
 Each arm is a run directory DIR/arms/<name> (score, pairs, train). Then every arm's policy and
 the base answer the held-out prompts, and the blind evaluator compares each arm with the base
-and with every other arm; Holm's correction runs over all of those comparisons at once.
+and with every other arm; Holm's correction runs over all of those comparisons at once. The
+primary comparison, WIM arm against numeric arm, is fixed in advance and reported first with
+its own unadjusted test.
 Written: DIR/compare.json, DIR/compare.md, DIR/eval/answers.jsonl, DIR/eval/verdicts.jsonl.
 """
 
@@ -23,22 +25,18 @@ import random
 import shutil
 from pathlib import Path
 
-from training.evaluate import (
-    System,
-    adapter_of,
-    compare_systems,
-    comparison_table,
-    held_out_prompts,
-)
+from training.evaluate import System, adapter_of, compare_systems, held_out_prompts
 from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
 from wim.records import read_keyed, read_records, write_records_atomic
+from wim.report.evaluation import LEGEND, comparison_table, header_lines, primary_lines
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
 RANDOM_ARM = "random"
+PRIMARY = "wim vs numeric"
 _SHARED_FILES = ("samples.jsonl", "judgements.jsonl", "split.json", "stats/generate.json",
                  "stats/judge.json")
 
@@ -144,8 +142,15 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
     systems = [System(n, cfg.policy.model, adapter_of(run)) for n, (_, run) in arm_runs.items()]
     systems.append(System("base", cfg.policy.model, None))
     pairs = [(f"{n} vs base", n, "base") for n in names]
-    pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)]
-    report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
+    pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)
+              if {a, b} != {"wim", "numeric"}]
+    # The question wim compare exists for, fixed before any verdict: the WIM arm against the
+    # numeric arm. It is reported first, with its own unadjusted test beside the Holm family.
+    primary = None
+    if {"wim", "numeric"} <= set(names):
+        pairs.insert(0, (PRIMARY, "wim", "numeric"))
+        primary = PRIMARY
+    report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress, primary)
     folder = shared.path.parent / "eval"
     folder.mkdir(exist_ok=True)
     for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
@@ -188,8 +193,9 @@ def _attach_wins(report: dict) -> None:
     by_name = {c["name"]: c for c in report["comparisons"]}
     for arm in report["arms"]:
         c = by_name.get(f"{arm['name']} vs base", {})
-        arm["vs_base"] = {k: c.get(k) for k in ("win_rate", "wilson_95", "bootstrap_95",
-                                                  "p_value", "p_holm", "lc_win_rate")}
+        arm["vs_base"] = {k: c.get(k) for k in (
+            "win_rate", "bootstrap_95", "decisive_rate", "decisive_95", "p_value", "p_holm",
+            "order_agreement", "length_adjusted_win_rate")}
 
 
 def _f(x, digits: int = 3) -> str:
@@ -201,16 +207,19 @@ def _f(x, digits: int = 3) -> str:
 
 
 def compare_markdown(report: dict) -> str:
-    lines = ["# WIM vs numeric: side-by-side arms", ""]
-    if report.get("mechanical_warning"):
-        lines += [f"> **{report['mechanical_warning']}**", ""]
+    lines = ["# WIM vs numeric: side-by-side arms", "", *header_lines(report),
+             *primary_lines(report)]
     lines += ["All arms share one generation and one judging pass (`shared/`); only scoring, "
               "pairing and training differ (same seed, same steps). Tie rate and mean absolute "
               "delta are over pairs of samples of one prompt on the 1-10 scale. Usable pairs "
-              "per 1,000 judge tokens is the cost of each arm's training data.", "",
+              "per 1,000 judge tokens is the cost of each arm's training data. Against the "
+              "base: the win rate counts ties as half (paired bootstrap 95%); the sign test "
+              "leaves ties out (decisive rate, exact Clopper-Pearson 95%, p Holm-adjusted over "
+              "every comparison).", "",
               "| arm | zeta | tie rate | delta | pairs kept | pairs / 1k judge tokens | loss "
-              "first -> last | reward margin last | win rate vs base | Wilson 95% | p (Holm) |",
-              "|" + "---|" * 11]
+              "first -> last | reward margin last | win rate vs base (ties half) | paired "
+              "bootstrap 95% | decisive rate (ties out) | Clopper-Pearson 95% | p (Holm) |",
+              "|" + "---|" * 13]
     for a in report["arms"]:
         v = a["vs_base"]
         lines.append(f"| {a['name']} | {_f(a['zeta'], 2)} | {_f(a['tie_rate'])} | "
@@ -218,12 +227,11 @@ def compare_markdown(report: dict) -> str:
                      f"{_f(a['usable_pairs_per_1k_judge_tokens'], 2)} | "
                      f"{_f(a['loss_first'])} -> {_f(a['loss_last'])} | "
                      f"{_f(a['reward_margin_last'])} | {_f(v['win_rate'])} | "
-                     f"{_f(v['wilson_95'])} | {_f(v['p_holm'])} |")
+                     f"{_f(v['bootstrap_95'])} | {_f(v['decisive_rate'])} | "
+                     f"{_f(v['decisive_95'])} | {_f(v['p_holm'])} |")
     lines += ["", "The random arm is the control: the WIM arm's pairs with chosen and rejected "
-              "swapped by a seeded coin.", "", "## Every comparison (blind evaluator: "
-              f"`{report['evaluator']['model']}`, {report['evaluator']['mode']}; "
-              f"{report['held_out_prompts']} held-out prompts)", "",
-              "Win rate of a over b, ties counted as half; p: exact binomial test; p (Holm): "
-              "adjusted over all comparisons below.", "",
+              "swapped by a seeded coin.", "", "**Every comparison (Holm family)** (blind "
+              f"evaluator: `{report['evaluator']['model']}`, {report['evaluator']['mode']}; "
+              f"{report['held_out_prompts']} held-out prompts)", "", LEGEND, "",
               *comparison_table(report["comparisons"]), ""]
     return "\n".join(lines)

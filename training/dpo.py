@@ -59,7 +59,9 @@ def train_dpo_model(
     (the adapter of an earlier round) continues training its adapter when `training.adapter`
     is `continue` (TRL keeps a frozen copy of the adapter, not of the weights, as reference);
     with `fresh`, or a plain model, a new LoRA adapter is put on the base. Without `lm` the
-    model is loaded (bf16 on CUDA, float32 on CPU; 4 bit with `training.load_in_4bit`).
+    model is loaded in `policy.dtype` (4 bit with `training.load_in_4bit`). In bfloat16 the
+    Trainer runs mixed precision (`bf16=True`: bfloat16 autocast) and the LoRA weights, the only
+    trained ones, stay float32 master weights (peft upcasts an adapter on a bfloat16 base).
 
     Also writes `out_dir/metrics.json`, `out_dir/log_history.json` and `out_dir/ranks/<rank>.json`
     (steps taken by each process). Returns (metrics, trained model): `train/steps`,
@@ -87,7 +89,7 @@ def train_dpo_model(
 
     if lm is None:
         lm = load_causal_lm(model_name or cfg.policy.model,
-                            load_in_4bit=cfg.training.load_in_4bit)
+                            load_in_4bit=cfg.training.load_in_4bit, dtype=cfg.policy.dtype)
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)
     _reset_peak_memory()
@@ -119,6 +121,7 @@ def train_dpo_model(
     history = trainer.state.log_history
     metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
     metrics["train/lora_delta_norm"] = math.sqrt(delta)
+    metrics.update(_precision(args, trained, lora))
     metrics["train/resumed_from_step"] = _step_of(checkpoint)
     metrics.update(peak_memory("train"))
     _write_rank(out_dir, state, trainer.state.global_step, lora)
@@ -129,6 +132,16 @@ def train_dpo_model(
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
     return metrics, trained
+
+
+def _precision(args, model, lora: dict) -> dict[str, str]:
+    """What training computed in, and the dtype of the weights it trained (float32 even on a
+    bfloat16 base: the optimizer's updates are too small for bfloat16's 8 mantissa bits)."""
+    base = next(p.dtype for n, p in model.named_parameters() if "lora_" not in n)
+    return {"train/compute_dtype": "bfloat16" if args.bf16 else str(base).removeprefix("torch."),
+            "train/base_dtype": str(base).removeprefix("torch."),
+            "train/lora_dtype": sorted({str(p.dtype).removeprefix("torch.")
+                                        for p in lora.values()})[0] if lora else None}
 
 
 def process_state():
@@ -266,13 +279,15 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool):
             raise ConfigError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
     if cfg.wandb.enabled:
         os.environ.setdefault("WANDB_PROJECT", cfg.wandb.project)  # read by the wandb callback
+    import torch
+
     from wim.models import device_and_dtype
 
-    device, _ = device_and_dtype()
+    device, dtype = device_and_dtype(cfg.policy.dtype)
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
         use_cpu=device == "cpu",  # picked, not pinned: the GPU whenever there is one
-        bf16=device == "cuda",  # float32 on the CPU
+        bf16=dtype == torch.bfloat16,  # mixed precision: bfloat16 autocast, float32 LoRA weights
         # TRL turns checkpointing on by default; it is a config switch here (memory vs time).
         # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
         activation_checkpointing=cfg.training.gradient_checkpointing,

@@ -16,20 +16,23 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from wim.backends import SamplingParams, TransformersBackend
-from wim.blind import BlindEvaluator, open_blind_evaluator
+from wim.backends import SamplingParams, TransformersBackend, open_http_backend
+from wim.backends.adapter_serving import served_http
+from wim.blind import BlindEvaluator, PairVerdict, copied_placeholder, open_blind_evaluator
 from wim.config import Config
 from wim.context import fit_messages, token_budget
 from wim.errors import InputError
 from wim.holdout import load_split, read_split, write_split
 from wim.prompts import Prompt
 from wim.records import read_keyed
+from wim.report.evaluation import LEGEND, comparison_table, header_lines, primary_lines
 from wim.rundir import RunDir
 from wim.statistics import (
     MECHANICAL_WARNING,
     Outcomes,
     is_bundled,
     outcome_of,
+    power_of,
     summarize,
     with_holm,
 )
@@ -111,18 +114,28 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
     current: tuple[str, TransformersBackend] | None = None
     out = {}
     for system in tqdm(systems, desc="eval answers", unit="system", disable=not progress):
+        if cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm":
+            # Each system answers on the policy's server, by its adapter's served name.
+            http = served_http(cfg.http, system.adapter)
+            backend = open_http_backend(http, cfg.policy.model)
+            try:
+                out[system.name] = _answer(backend, cfg, prompts, params, system, http.model)
+            finally:
+                backend.close()
+            continue
         if system.adapter is None and current is not None and current[0] == system.model:
             backend = current[1].reference_view()
         else:
             current = None  # free the previous model before loading the next
             backend = TransformersBackend.load(system.model, batch_size=g.batch_size,
-                                               adapter=system.adapter)
+                                               adapter=system.adapter, dtype=cfg.policy.dtype)
             current = (system.model, backend)
         out[system.name] = _answer(backend, cfg, prompts, params, system)
     return out
 
 
-def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System) -> list[dict]:
+def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System,
+            served: str | None = None) -> list[dict]:
     g = cfg.generation
     budget = token_budget(backend.context_tokens, params.max_new_tokens, g.max_prompt_tokens)
     convs = []
@@ -130,15 +143,17 @@ def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System)
         messages, _ = fit_messages(list(p.messages), budget, "truncate", backend.count_tokens)
         convs.append(messages or list(p.messages))
     outs = backend.generate(convs, params, n=1, seed=cfg.seed)
+    extra = {"served_model": served} if served else {}
     return [{"system": system.name, "model": system.model, "adapter": system.adapter,
              "prompt_id": p.id, "response": o[0].text, "completion_tokens":
-             o[0].completion_tokens} for p, o in zip(prompts, outs, strict=True)]
+             o[0].completion_tokens, **extra} for p, o in zip(prompts, outs, strict=True)]
 
 
 def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt],
                       answers: dict[str, list[dict]],
                       pairs: list[tuple[str, str, str]]) -> tuple[dict[str, Outcomes], list]:
-    """({comparison name: Outcomes}, verdict records) for (name, a, b) triples."""
+    """({comparison name: Outcomes}, verdict records) for (name, a, b) triples. A record keeps
+    both orders' verdicts (`order_ab`: a shown first; `order_ba`: b shown first)."""
     questions = [p.text for p in prompts]
     texts = {name: [r["response"] for r in records] for name, records in answers.items()}
     points = {}
@@ -148,49 +163,73 @@ def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt
     results, records = {}, []
     for name, a, b in pairs:
         if mode == "pointwise":
-            verdicts = [_from_points(pa, pb) for pa, pb in zip(points[a], points[b], strict=True)]
+            verdicts = [_from_points(pa, pb, ta.strip() == tb.strip()) for pa, pb, ta, tb in
+                        zip(points[a], points[b], texts[a], texts[b], strict=True)]
         else:
-            verdicts = [(v.winner, v.failure, v.raw, v.tokens)
-                        for v in evaluator.pairwise(questions, texts[a], texts[b])]
-        values, diffs = [], []
-        for p, ta, tb, (winner, failure, raw, tokens) in zip(prompts, texts[a], texts[b],
-                                                             verdicts, strict=True):
+            verdicts = evaluator.pairwise(questions, texts[a], texts[b])
+        values, diffs, kinds, agree = [], [], [], []
+        for p, ta, tb, v in zip(prompts, texts[a], texts[b], verdicts, strict=True):
+            both = mode == "pairwise" and None not in v.orders
             records.append({"comparison": name, "a": a, "b": b, "prompt_id": p.id,
-                            "domain": p.domain, "winner": winner, "failure": failure,
-                            "raw": raw, "tokens": tokens})
-            if winner is not None:
-                values.append(outcome_of(winner))
+                            "domain": p.domain, "winner": v.winner, "failure": v.failure,
+                            "order_ab": v.orders[0], "order_ba": v.orders[1],
+                            "orders_agree": v.orders[0] == v.orders[1] if both else None,
+                            "tie_kind": v.tie_kind, "raw": v.raw, "tokens": v.tokens})
+            if both:
+                agree.append(v.orders[0] == v.orders[1])
+            if v.winner is not None:
+                values.append(outcome_of(v.winner))
                 diffs.append(float(len(ta) - len(tb)))
-        results[name] = Outcomes(values, diffs, failures=sum(r["winner"] is None for r in
-                                                             records if r["comparison"] == name))
+                if v.tie_kind:
+                    kinds.append(v.tie_kind)
+        failures = sum(r["winner"] is None for r in records if r["comparison"] == name)
+        results[name] = Outcomes(values, diffs, failures=failures, tie_kinds=kinds,
+                                 order_agreement=agree)
     return results, records
 
 
-def _from_points(pa, pb):
+def _from_points(pa, pb, identical: bool) -> PairVerdict:
+    """A pair verdict from two pointwise scores (no orders: each answer is scored alone)."""
     raw, tokens = pa.raw + pb.raw, pa.tokens + pb.tokens
     if pa.score is None or pb.score is None:
-        return None, "; ".join(f for f in (pa.failure, pb.failure) if f), raw, tokens
+        failure = "; ".join(f for f in (pa.failure, pb.failure) if f)
+        return PairVerdict(None, failure, raw, tokens)
     winner = "a" if pa.score > pb.score else "b" if pb.score > pa.score else "tie"
-    return winner, None, raw, tokens
+    # Equal scores are a real tie: the evaluator gave both the same score.
+    return PairVerdict(winner, None, raw, tokens, orders=("tie", "tie") if winner == "tie"
+                       else (None, None), identical=identical and winner == "tie")
 
 
 def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outcomes],
                 pairs: list[tuple[str, str, str]], systems: list[System],
-                records: list[dict], n_prompts: int) -> dict:
-    """The eval.json document: every comparison, with Holm over all of them."""
+                records: list[dict], n_prompts: int, primary: str | None = None) -> dict:
+    """The eval.json document: every comparison, with Holm over all of them. `primary`: the
+    pre-specified comparison (the first by default), reported first with its own unadjusted
+    test; `min_attainable_p_holm` says whether any result of this size could be significant."""
     comparisons = with_holm([
         summarize(name, a, b, outcomes[name], seed=cfg.seed,
                   resamples=cfg.eval.bootstrap_resamples) for name, a, b in pairs])
+    primary = primary or pairs[0][0]
+    comparisons.sort(key=lambda c: c["name"] != primary)  # stable: the primary first
+    for c in comparisons:
+        c["primary"] = c["name"] == primary
     bundled = is_bundled(evaluator.model_name) or any(is_bundled(s.model) for s in systems)
     backend_failures = sum(1 for r in records if (r["failure"] or "").find("backend failed") >= 0)
+    mode = cfg.blind.mode
     return {
-        "evaluator": {"model": evaluator.model_name, "mode": cfg.blind.mode,
-                      "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries},
+        "evaluator": {"model": evaluator.model_name, "mode": mode,
+                      "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries,
+                      "dtype": getattr(evaluator.backend, "dtype", None)},
         "mechanical_warning": MECHANICAL_WARNING if bundled else None,
         "held_out_prompts": n_prompts,
+        "primary": primary,
+        **power_of(n_prompts, len(comparisons)),
         "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},
         "evaluator_tokens": sum(r["tokens"] for r in records),
         "backend_failures": backend_failures,
+        # Attempts whose text copied a template placeholder (each was asked again).
+        "placeholder_copies": sum(copied_placeholder(t, mode) is not None
+                                  for r in records for t in r["raw"]),
         "comparisons": comparisons,
     }
 
@@ -209,50 +248,29 @@ def _jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _fmt(x, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, list):
-        return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def comparison_table(comparisons: list[dict]) -> list[str]:
-    head = ("| comparison | n | wins | losses | ties | failures | win rate | Wilson 95% | "
-            "bootstrap 95% | p | p (Holm) | LC win rate |")
-    lines = [head, "|" + "---|" * 12]
-    for c in comparisons:
-        lines.append("| " + " | ".join(_fmt(c[k]) for k in (
-            "name", "n", "wins", "losses", "ties", "failures", "win_rate", "wilson_95",
-            "bootstrap_95", "p_value", "p_holm", "lc_win_rate")) + " |")
-    return lines
-
-
 def eval_markdown(report: dict) -> str:
     ev = report["evaluator"]
-    lines = ["# Blind evaluation", ""]
-    if report.get("mechanical_warning"):
-        lines += [f"> **{report['mechanical_warning']}**", ""]
-    lines += [f"Evaluator: `{ev['model']}` ({ev['mode']}; it saw only each question and the "
-              "answers). Held-out prompts: " + str(report["held_out_prompts"]) + ".", "",
-              "Win rate of a over b, ties counted as half; failed verdicts are left out and "
-              "counted. p: exact binomial (sign) test of wins against losses; p (Holm): "
-              "adjusted over every comparison of this table. LC: length-controlled win rate "
-              "(AlpacaEval-style logistic regression, at zero length difference).", "",
-              *comparison_table(report["comparisons"]), ""]
+    lines = ["# Blind evaluation", "", *header_lines(report),
+             f"Evaluator: `{ev['model']}` ({ev['mode']}; it saw only each question and the "
+             f"answers). Held-out prompts: {report['held_out_prompts']}. Attempts that copied "
+             f"the template's placeholder (asked again): {report.get('placeholder_copies', 0)}.",
+             "", *primary_lines(report), "**Every comparison (Holm family)**", "", LEGEND, "",
+             *comparison_table(report["comparisons"]), ""]
     return "\n".join(lines)
 
 
-def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, progress: bool):
+def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, progress: bool,
+                    primary: str | None = None):
     """Answers from every system, blind verdicts on every pair, the report (Holm over all):
-    (report, answers, verdict records)."""
+    (report, answers, verdict records). `primary`: the pre-specified comparison."""
     answers = generate_answers(cfg, systems, prompts, progress)
     evaluator = open_blind_evaluator(cfg.blind)
     try:
         outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
     finally:
         evaluator.close()
-    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts))
+    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts),
+                         primary)
     return report, answers, records
 
 

@@ -41,7 +41,8 @@ def export_merged(run_dir: Path, out: Path) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} exists and is not empty; give --merged a new folder.")
     start = time.perf_counter()
-    model, tokenizer = load_causal_lm(cfg.policy.model)  # never 4 bit: merged weights are full
+    # Never 4 bit and never bfloat16: merged weights are full float32, whatever the run used.
+    model, tokenizer = load_causal_lm(cfg.policy.model, dtype="float32")
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out))

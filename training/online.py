@@ -6,9 +6,10 @@ their WIM score (`scoring.zeta`, the same formula and embedder as offline) is th
 higher score is chosen.
 
 What TRL does not do, done here:
-- Ties. TRL takes the first completion when the rewards are equal. `training.online_tie_policy:
-  first` keeps that (the authors' code); `drop` takes the pair out of the loss. Either way the
-  ties are counted (`wim/ties` per step; `online/ties` in total).
+- Ties. Two scores within `pairs.tie_tolerance` on the 1-10 scale tie (TRL compares exactly).
+  `training.online_tie_policy: first` trains the tie with the first completion as chosen (the
+  authors' code); `drop` takes the pair out of the loss. Either way the ties are counted
+  (`wim/ties` per step; `online/ties` in total).
 - Failed judgements. TRL turns a None reward into NaN and then into 0, a silent neutral score.
   Here the reward function never returns None: with `judge.on_parse_failure: exclude` a pair
   with a failed judgement is taken out of the loss; with `authors` it is scored by the authors'
@@ -16,9 +17,10 @@ What TRL does not do, done here:
 - The paper's statistics per step, from the same judgements: tie rate and winner-loser delta
   for numeric (the rating) and WIM (the similarity), on the 1-10 scale.
 
-TRL has no hook for per-pair loss weights: during training the trainer module's `F` is a proxy
-whose `logsigmoid` weights each pair by its keep mask, rescaled so the loss is the mean over the
-kept pairs (0, no gradient, when none is kept). Only the sigmoid loss is used.
+The trainer is `WimOnlineDPOTrainer` (training/online_trainer.py), a subclass of TRL's whose
+`training_step` takes each pair's verdict from `WimReward.take_choice()` (`choose_pair`): the
+higher score is chosen, a tie within `pairs.tie_tolerance` goes to the first completion or out
+of the loss, and the loss is the mean over the kept pairs of the step on every rank.
 """
 
 from __future__ import annotations
@@ -34,38 +36,32 @@ from wim.rundir import RunDir
 from wim.scoring import is_tie, to_ten_point
 
 
-class MaskedFunctional:
-    """torch.nn.functional, except that `logsigmoid` weights pair i by `keep[i]`."""
+def choose_pair(a: float | None, b: float | None, tolerance: float, tie_policy: str
+                ) -> tuple[bool, bool, bool]:
+    """(first_chosen, keep, tie) for completions scored a and b (None: a failed judgement).
 
-    def __init__(self) -> None:
-        import torch.nn.functional as functional
-
-        self._f = functional
-        self.keep = None  # bool tensor, one per pair of the current step
-
-    def __getattr__(self, name: str):
-        return getattr(self._f, name)
-
-    def logsigmoid(self, x):
-        out = self._f.logsigmoid(x)
-        keep = self.keep
-        if keep is None or keep.shape != out.shape:
-            return out
-        kept = int(keep.sum())
-        weights = keep.to(out.dtype) * (len(keep) / max(kept, 1))
-        return out * weights.to(out.device)
+    The higher score is chosen. Scores within `tolerance` of each other on the 1-10 scale tie:
+    the first completion is chosen (`first`) or the pair is dropped (`drop`). A pair with a
+    failed judgement has no verdict and is dropped.
+    """
+    if a is None or b is None:
+        return True, False, False
+    if is_tie(to_ten_point(a) - to_ten_point(b), tolerance):
+        return True, tie_policy == "first", True
+    return a > b, True, False
 
 
 class WimReward:
     """The reward function: judge each completion, score it with the WIM formula, and decide
-    per pair (i, i + B) whether it trains. Writes every judgement to `judgements_path`."""
+    per pair (i, i + B) which side is chosen and whether it trains (`take_choice`). Writes
+    every judgement to `judgements_path`."""
 
     __name__ = "wim_reward"
 
-    def __init__(self, cfg: Config, tokenizer, embedder, judgements_path: Path,
-                 masked: MaskedFunctional) -> None:
+    def __init__(self, cfg: Config, tokenizer, embedder, judgements_path: Path) -> None:
         self.cfg, self.tokenizer, self.embedder = cfg, tokenizer, embedder
-        self.path, self.masked = judgements_path, masked
+        self.path = judgements_path
+        self.choice = None  # the PairChoice of the last call, until the trainer takes it
         self.trainer = None  # set once the trainer exists
         self.totals = {"pairs": 0, "ties": 0, "failed": 0, "fallback": 0, "dropped": 0}
         self.deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
@@ -86,9 +82,13 @@ class WimReward:
                             max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
                             retry_temperature=j.retry_temperature)
 
-    def __call__(self, prompts, completions, **kwargs) -> list[float]:
-        import torch
+    def take_choice(self):
+        """The PairChoice of the last call, once (the trainer raises when there is none)."""
+        choice, self.choice = self.choice, None
+        return choice
 
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        from training.online_trainer import PairChoice
         from wim.metrics import system_values
         from wim.scoring import score_judgements
 
@@ -104,25 +104,27 @@ class WimReward:
         scored = score_judgements(records, self.embedder, self.cfg.scoring.zeta,
                                   self.cfg.judge.on_parse_failure)
         half, tol = len(scored) // 2, self.cfg.pairs.tie_tolerance
-        keep, counts = [], {"pairs": half, "ties": 0, "failed": 0, "fallback": 0}
+        first, keep = [], []
+        counts = {"pairs": half, "ties": 0, "failed": 0, "fallback": 0}
         ties = {"numeric": 0, "wim": 0}
         deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
         for a, b in zip(scored[:half], scored[half:], strict=True):
             counts["failed"] += (not a["parse_ok"]) + (not b["parse_ok"])
             counts["fallback"] += bool(a.get("fallback")) + bool(b.get("fallback"))
+            first_chosen, kept, tie = choose_pair(a["score"], b["score"], tol,
+                                                  self.cfg.training.online_tie_policy)
+            first.append(first_chosen)
+            keep.append(kept)
+            counts["ties"] += tie
             if a["score"] is None or b["score"] is None:
-                keep.append(False)  # a failed judgement: no verdict, no training signal
-                continue
+                continue  # a failed judgement: no verdict, no statistic
             va, vb = system_values(a, 0.0, []), system_values(b, 0.0, [])
             for s in ("numeric", "wim"):
                 if s in va and s in vb:
                     deltas[s].append(abs(va[s] - vb[s]))
                     ties[s] += is_tie(va[s] - vb[s], tol)
-            tie = is_tie(to_ten_point(a["score"]) - to_ten_point(b["score"]), tol)
-            counts["ties"] += tie
-            keep.append(not tie or self.cfg.training.online_tie_policy == "first")
         counts["dropped"] = half - sum(keep)
-        self.masked.keep = torch.tensor(keep, dtype=torch.bool)
+        self.choice = PairChoice(first_chosen=first, keep=keep)
         row = self._record_step(step, counts, ties, deltas)
         self._append(step, scored)
         if self.trainer is not None:
@@ -130,7 +132,7 @@ class WimReward:
                 if key != "step":  # every key every step (TRL averages each list per log)
                     self.trainer.stats.setdefault(f"wim/{key}", []).append(
                         math.nan if value is None else float(value))
-        # Never None (TRL would make it 0): a dropped pair's value does not reach the loss.
+        # Never None (TRL would make it 0); a dropped pair's value is logged nowhere.
         return [r["score"] if r["score"] is not None else 0.0 for r in scored]
 
     def _record_step(self, step, counts, ties, deltas) -> dict[str, Any]:
@@ -169,18 +171,22 @@ def _user_text(prompt) -> str:
 
 
 def online_args(cfg: Config, output_dir: Path, progress: bool):
+    import torch
     from trl.experimental.online_dpo import OnlineDPOConfig
 
     from wim.models import device_and_dtype
 
     d, t = cfg.dpo, cfg.training
+    device, dtype = device_and_dtype(cfg.policy.dtype)
     return OnlineDPOConfig(
         output_dir=str(output_dir), learning_rate=d.learning_rate, beta=[d.beta],
         max_steps=d.max_steps, per_device_train_batch_size=d.per_device_train_batch_size,
         gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
         max_new_tokens=t.online_max_new_tokens, temperature=t.online_temperature,
         top_p=cfg.generation.top_p, logging_steps=d.logging_steps, seed=cfg.seed,
-        bf16=device_and_dtype()[0] == "cuda", activation_checkpointing=t.gradient_checkpointing,
+        # As in training/dpo.py: the Trainer refuses bf16 on a CPU unless told it is one.
+        use_cpu=device == "cpu", bf16=dtype == torch.bfloat16,
+        activation_checkpointing=t.gradient_checkpointing,
         report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
         disable_tqdm=not progress, loss_type="sigmoid")
 
@@ -190,11 +196,10 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     """Train online on the run's prompts; writes train/ (adapter, log_history.json,
     online_steps.jsonl, online_judgements.jsonl, metrics.json) and report.json."""
     import datasets
-    import trl.experimental.online_dpo.online_dpo_trainer as trainer_module
-    from trl.experimental.online_dpo import OnlineDPOTrainer
 
     from data_gen.pipeline import Resources
     from training.dpo import _reset_peak_memory, lora_config, peak_memory
+    from training.online_trainer import WimOnlineDPOTrainer
     from wim.embedders import Embedder
 
     res = resources or Resources(cfg)
@@ -205,21 +210,16 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     prompts = res.prompts()
     dataset = datasets.Dataset.from_list([{"prompt": list(p.messages)} for p in prompts])
     model, tokenizer = res.lm()
-    masked = MaskedFunctional()
     reward = WimReward(cfg, tokenizer, Embedder(cfg.scoring.embedder, cfg.scoring.batch_size),
-                       judgements, masked)
+                       judgements)
     _reset_peak_memory()
-    trainer = OnlineDPOTrainer(model=model, reward_funcs=[reward],
+    trainer = WimOnlineDPOTrainer(model=model, reward_funcs=[reward],
                                args=online_args(cfg, out / "trainer", progress),
                                train_dataset=dataset, processing_class=tokenizer,
                                peft_config=lora_config(cfg))
     reward.trainer = trainer
-    original, trainer_module.F = trainer_module.F, masked
     start = time.perf_counter()
-    try:
-        trainer.train()
-    finally:
-        trainer_module.F = original
+    trainer.train()
     seconds = time.perf_counter() - start
     trainer.model.eval()
     trainer.model.save_pretrained(out / "adapter")

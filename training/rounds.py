@@ -10,7 +10,8 @@ run directory itself, exactly as before.
 The model is loaded once (`Resources.lm`) and trained in place; every stage of every round
 uses that one copy. A killed run resumes where it stopped: finished stages of every round are
 skipped by their fingerprints, and a round whose previous adapter changed since it ran (say, a
-new dpo setting retrained round 1) is started again, with every later round.
+new dpo setting retrained round 1) is started again, with every later round. The eval stage
+runs once, after the last round, in DIR itself (the final policy against the base).
 """
 
 from __future__ import annotations
@@ -78,14 +79,16 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
             res.start_round(rcfg)
             logger.info("round %d of %d (%s judge%s)", r, rounds, cfg.judge.role,
                         f", policy = base + {previous}" if previous else ", policy = base")
-            stats = run_stages(rcfg, rdir, stages, progress=progress, resources=res,
-                               close=False)
+            stats = run_stages(rcfg, rdir, tuple(s for s in stages if s != "eval"),
+                               progress=progress, resources=res, close=False)
             rdir.save_config(rcfg)
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
             previous = adapter_of(rdir)
     finally:
         res.close()
+    if "eval" in stages:  # the final policy (last round's adapter) against the base, once
+        skipped += run_stages(cfg, run, ("eval",), progress=progress)["run/skipped_stages"]
     report = write_rounds_report(cfg, run, reports)
     if cfg.wandb.enabled:
         from wim.wandb_log import log_rounds

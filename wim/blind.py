@@ -10,13 +10,15 @@ the judge, the scores or the config, so the training signal cannot game it.
   Two identical answers are a tie without a call (both orders would be the same prompt).
 - `pointwise`: one 1-10 score per answer, mapped to [0, 1].
 
-A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries` times, then
-recorded as a failure with its reason and the raw texts: never a win for either side, never a
-neutral score. A backend failure is a failure too (`failure` starts with "backend failed").
-Local backends are walked through the format as the judge is: the assistant turn is prefilled
-with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is forced after
-one line and the value is restricted to the valid choices (A, B, tie; 1..10) by guided
-decoding (wim/backends/guided.py): the model's most likely valid choice, still parsed.
+A verdict whose reason copies a placeholder of the template ("<one short sentence>") is a
+failed parse too, as an echoed rubric is for the judge: the model filled in the format, not an
+opinion. A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries`
+times, then recorded as a failure with its reason and the raw texts: never a win for either
+side, never a neutral score. A backend failure is a failure too (`failure` starts with "backend
+failed"). Local backends are walked through the format as the judge is: the assistant turn is
+prefilled with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is
+forced after one line and the value is restricted to the valid choices (A, B, tie; 1..10) by
+guided decoding (wim/backends/guided.py): the model's most likely valid choice, still parsed.
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ class PairVerdict:
     """The evaluator's raw texts (order a/b first, then b/a), for audit."""
     tokens: int = 0
     """Evaluator tokens spent on both orders (prompt + completion, all attempts)."""
+    orders: tuple[str | None, str | None] = (None, None)
+    """Each order's own verdict in terms of a and b ("a", "b", "tie"; None: that order failed):
+    order a/b first, then b/a. Kept for the position-bias check (order agreement)."""
+    identical: bool = False
+    """The two answers were the same text: a tie without asking."""
+
+    @property
+    def tie_kind(self) -> str | None:
+        """For a tie: `identical`, `real` (both orders said tie) or `order_disagreement`."""
+        if self.winner != "tie":
+            return None
+        if self.identical:
+            return "identical"
+        return "real" if self.orders == ("tie", "tie") else "order_disagreement"
 
 
 @dataclass
@@ -97,8 +113,24 @@ def build_point_messages(question: str, answer: str) -> list[dict[str, str]]:
             {"role": "user", "content": user}]
 
 
+@cache
+def placeholders(mode: str) -> tuple[str, ...]:
+    """The `<...>` placeholders of a template, as a model copies them."""
+    return tuple(m.lower() for m in re.findall(r"<[^<>\n]+>", load_template(mode)))
+
+
+def copied_placeholder(text: str, mode: str) -> str | None:
+    """The template placeholder the text copies (case-insensitive), if any."""
+    low = text.lower()
+    return next((p for p in placeholders(mode) if p in low), None)
+
+
 def parse_verdict(text: str) -> tuple[str | None, str | None]:
-    """("A" | "B" | "tie", None) or (None, reason) from the last "Verdict" label."""
+    """("A" | "B" | "tie", None) or (None, reason) from the last "Verdict" label; a copied
+    template placeholder is a failure."""
+    copied = copied_placeholder(text, "pairwise")
+    if copied:
+        return None, f"copied the template placeholder {copied!r}"
     found = list(_VERDICT.finditer(text))
     if not found:
         return None, "no 'Verdict:' line"
@@ -113,7 +145,11 @@ def parse_verdict(text: str) -> tuple[str | None, str | None]:
 
 
 def parse_score(text: str) -> tuple[int | None, str | None]:
-    """(N in 1..10, None) or (None, reason) from the last "Score" label (`7` or `7/10`)."""
+    """(N in 1..10, None) or (None, reason) from the last "Score" label (`7` or `7/10`); a
+    copied template placeholder is a failure."""
+    copied = copied_placeholder(text, "pointwise")
+    if copied:
+        return None, f"copied the template placeholder {copied!r}"
     found = list(_SCORE.finditer(text))
     if not found:
         return None, "no 'Score:' line"
@@ -124,11 +160,16 @@ def parse_score(text: str) -> tuple[int | None, str | None]:
     return int(value), None
 
 
+def order_verdicts(first: str | None, second: str | None) -> tuple[str | None, str | None]:
+    """Verdict `first` (a shown as A) and `second` (b shown as A) in terms of a and b."""
+    return ({"A": "a", "B": "b", "tie": "tie"}.get(first),  # type: ignore[arg-type]
+            {"A": "b", "B": "a", "tie": "tie"}.get(second))  # type: ignore[arg-type]
+
+
 def combine_orders(first: str, second: str) -> str:
     """The winner from verdict `first` (a shown as A) and `second` (b shown as A): a winner
     only when both orders name the same answer; disagreement or any tie is a tie."""
-    a_first = {"A": "a", "B": "b", "tie": "tie"}[first]
-    a_second = {"A": "b", "B": "a", "tie": "tie"}[second]
+    a_first, a_second = order_verdicts(first, second)
     return a_first if a_first == a_second else "tie"
 
 
@@ -159,14 +200,15 @@ class BlindEvaluator:
         out = []
         for i in range(len(questions)):
             if i not in slot:
-                out.append(PairVerdict("tie", None, [], 0))
+                out.append(PairVerdict("tie", None, [], 0, identical=True))
                 continue
             (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[slot[i]], results[n + slot[i]]
             failure = None
             if f1 or f2:
                 failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)
             winner = None if failure else combine_orders(v1, v2)
-            out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2))
+            out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2,
+                                   orders=order_verdicts(v1, v2)))
         return out
 
     def pointwise(self, questions: list[str], answers: list[str]) -> list[PointVerdict]:
@@ -252,7 +294,7 @@ def open_blind_evaluator(section, batch_size: int = 8) -> BlindEvaluator:
     model = section.model if section.backend != "http" else (section.http.model or section.model)
     # open_backend reads the http settings from `cfg.http`; the evaluator has its own.
     backend = open_backend(section.backend, model, types.SimpleNamespace(http=section.http),
-                           batch_size=section.batch_size or batch_size)
+                           batch_size=section.batch_size or batch_size, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,
                           retry_temperature=section.retry_temperature, model_name=model)

@@ -238,7 +238,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from training.run import STAGES
 
         runner = run_rounds
-        stages = tuple(s for s in STAGES if not (args.skip_train and s == "train"))
+        # --skip-train stops after the pairs: nothing trained, so nothing to evaluate either.
+        stages = tuple(s for s in STAGES if not (args.skip_train and s in ("train", "eval")))
     elif args.command in DATA_STAGES:
         runner, stages = run_data_stages, (args.command,)
     else:

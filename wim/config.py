@@ -19,8 +19,8 @@ from wim.errors import ConfigError
 from wim.refine.config import RefineConfig
 from wim.yaml_dataclasses import apply_overrides, build_dataclass, read_yaml
 
-__all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "load_config",
-           "read_yaml"]
+__all__ = ["Config", "ConfigError", "apply_overrides", "config_from_dict", "judge_http",
+           "load_config", "read_yaml"]
 
 
 @dataclass
@@ -47,6 +47,12 @@ class PolicyConfig:
     """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
     `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
     without it. `wim train` still trains a fresh adapter on `model`."""
+    dtype: str = "auto"
+    """What the local model computes in (sampling, the fixed and changing judges, training):
+    `auto` (bfloat16 on CUDA and on CPUs that compute it natively, AMX or AVX512-BF16; float32
+    on other CPUs, where bfloat16 is emulated and slower), `float32` or `bfloat16`. Training in
+    bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run records what
+    `auto` resolved to; a resumed run refuses another dtype."""
 
 
 @dataclass
@@ -68,6 +74,21 @@ class GenerationConfig:
     sampled, counted as generate/skipped_overlong)."""
     max_prompt_tokens: int | None = None
     """Cap on prompt tokens below the model's context (long prompts are slow); null: none."""
+    source: str | None = None
+    """Existing responses to judge instead of sampling (wim/sources.py): a .jsonl/.json/.csv/
+    .parquet file, a folder saved with `save_to_disk`, or a datasets name. The prompts come
+    with it (prompts.source stays `bundled`; prompts.limit still applies); the settings above
+    are then unused and no policy samples. null: the policy samples k responses per prompt."""
+    source_split: str = "train"
+    """Split to read when `source` is a datasets name or a saved DatasetDict."""
+    source_shape: str = "auto"
+    """`responses` (a prompt and a list of responses), `ultrafeedback` (a prompt and
+    `completions`: objects with a model name, a response and a rating), `preference` (prompt,
+    chosen, rejected: each side becomes a sample and keeps its label), or `auto` (by columns)."""
+    source_columns: dict[str, str] = field(default_factory=dict)
+    """Column and key names where the source differs: prompt (default `prompt`, else
+    `instruction`), id, domain, responses, completions, model, response, rating
+    (`overall_score`), chosen, rejected. E.g. `{prompt: question, rating: fine-grained_score}`."""
 
 
 @dataclass
@@ -87,6 +108,38 @@ class HTTPConfig:
     context_tokens: int | None = None
     """The server model's context length, if known. Without a tokenizer, a prompt's length is
     estimated as characters / 3 (on the safe side); null: no check, the server decides."""
+    adapter_serving: str = "none"
+    """`vllm`: after each round's training the run registers the new LoRA adapter with the
+    server (`POST /v1/load_lora_adapter`; vLLM with `--enable-lora` and
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a name unique to the run and round, and the
+    next round samples by that name (so `training.rounds` > 1 works with an http policy); the
+    changing judge uses it too, the fixed judge the base `model`. `wim eval` / `wim compare`
+    generate each system's answers by its adapter's name. `none`: adapters stay local."""
+    server_paths: dict[str, str] = field(default_factory=dict)
+    """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
+    {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}. An adapter folder under a
+    local prefix is sent with the server's prefix instead; empty: the same paths."""
+
+
+@dataclass
+class JudgeHTTPConfig:
+    """`judge.http`: the judge's own OpenAI-compatible endpoint; each field left null takes its
+    value from the `http:` section (the policy's)."""
+
+    base_urls: list[str] | None = None
+    """The judge's endpoints (…/v1); null: `http.base_urls`."""
+    model: str | None = None
+    """The judge server's name for its model; null: `judge.model`, else `http.model`."""
+    api_key_env: str | None = None
+    """Environment variable holding the judge server's API key; null: `http.api_key_env`."""
+    concurrency: int | None = None
+    """Judge requests in flight at once; null: `http.concurrency`."""
+    timeout_s: float | None = None
+    """Seconds per judge reply; null: `http.timeout_s`."""
+    max_retries: int | None = None
+    """Retries of a judge request; null: `http.max_retries`."""
+    context_tokens: int | None = None
+    """The judge model's context length; null: `http.context_tokens`."""
 
 
 @dataclass
@@ -98,6 +151,8 @@ class JudgeConfig:
     """Model for the external judge (`bundled:...`, a folder or a hub id)."""
     backend: str = "transformers"
     """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
+    dtype: str = "auto"
+    """dtype of an external judge on the transformers backend (see `policy.dtype`)."""
     mode: str = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
     prompt: str = "ours"
@@ -133,6 +188,10 @@ class JudgeConfig:
     """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
     (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
     server refuses it (`http/judge/guided_refused`). false: plain text only."""
+    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    """The external http judge's own endpoint (`judge.backend: http`), field by field
+    defaulting to `http:`; then the policy samples on one server and the judge answers on
+    another. Fixed and changing judges are the policy and answer where it does."""
 
 
 @dataclass
@@ -208,6 +267,8 @@ class BlindConfig:
     """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, `http.model`)."""
     backend: str = "transformers"
     """`transformers`, `llama_cpp` or `http` (its own `blind.http` settings)."""
+    dtype: str = "auto"
+    """dtype of the evaluator on the transformers backend (see `policy.dtype`)."""
     mode: str = "pairwise"
     """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
     max_new_tokens: int = 48
@@ -238,8 +299,15 @@ class EvalConfig:
     """Resamples of the paired bootstrap interval."""
     compare_zetas: list[float] = field(default_factory=lambda: [0.4])
     """`wim compare`: the mixed arms' zetas (numeric 0, WIM 1 and a random control always run)."""
-    compare_holdout: int = 8
-    """`wim compare`: prompts held out for its evaluation when prompts.holdout is 0."""
+    compare_holdout: int = 50
+    """`wim compare`: prompts held out for its evaluation when prompts.holdout is 0. 50 is
+    about the fewest on which a real effect can be significant (8, the quickstart size, can
+    never be: the smallest Holm-adjusted p of 10 comparisons on 8 prompts is 0.078); set it
+    lower only as an explicit small run."""
+    in_run: bool = True
+    """`wim run`: after training, the blind evaluation of the trained policy against its base
+    on the held-out prompts (the `eval` stage: eval.json, shown at the top of the report).
+    Runs only when prompts.holdout > 0; false switches it off."""
 
 
 @dataclass
@@ -331,6 +399,17 @@ class Config:
         if sections is not None:
             data = {k: data[k] for k in sections}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def judge_http(cfg: Config) -> HTTPConfig:
+    """The endpoint settings of an external http judge: `judge.http`, each null field taken
+    from `http` (the model name: `judge.http.model`, else `judge.model`, else `http.model`)."""
+    own = cfg.judge.http
+    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
+              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
+    merged["model"] = own.model or cfg.judge.model or cfg.http.model
+    # Adapters are served by the policy's server only (fixed and changing judges run there).
+    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:

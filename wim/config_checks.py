@@ -27,6 +27,11 @@ _CHOICES = {
     "training.adapter": ("continue", "fresh"),
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
+    "generation.source_shape": ("auto", "responses", "ultrafeedback", "preference"),
+    "policy.dtype": ("auto", "float32", "bfloat16"),
+    "judge.dtype": ("auto", "float32", "bfloat16"),
+    "blind.dtype": ("auto", "float32", "bfloat16"),
+    "http.adapter_serving": ("none", "vllm"),
 }
 
 
@@ -81,6 +86,7 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
+    _validate_source(cfg, fail)
     if hasattr(cfg, "refine"):
         _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
@@ -113,12 +119,24 @@ def _validate_combinations(cfg, fail) -> None:
              cfg.judge.prompt)
     if cfg.pairs.tie_tolerance < 0:
         fail("pairs.tie_tolerance", "be >= 0", cfg.pairs.tie_tolerance)
-    if cfg.policy.adapter and cfg.policy.backend != "transformers":
-        fail("policy.adapter", "be null unless policy.backend is 'transformers'",
+    served = cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm"
+    if cfg.policy.adapter and cfg.policy.backend != "transformers" and not served:
+        fail("policy.adapter", "be null unless policy.backend is 'transformers', or 'http' "
+             "with http.adapter_serving 'vllm' (the server then serves the adapter)",
              cfg.policy.adapter)
-    if cfg.training.rounds > 1 and cfg.policy.backend != "transformers":
-        fail("training.rounds", "be 1 unless policy.backend is 'transformers' (later rounds "
-             "sample from the trained adapter)", cfg.training.rounds)
+    if cfg.training.rounds > 1 and cfg.policy.backend != "transformers" and not served:
+        fail("training.rounds", "be 1 unless policy.backend is 'transformers', or 'http' with "
+             "http.adapter_serving 'vllm' (later rounds sample from the trained adapter)",
+             cfg.training.rounds)
+    if cfg.http.adapter_serving != "none" and cfg.policy.backend != "http":
+        fail("http.adapter_serving", "be 'none' unless policy.backend is 'http'",
+             cfg.http.adapter_serving)
+    own = cfg.judge.http
+    if any(getattr(own, k) is not None for k in vars(own)) and not (
+            cfg.judge.role == "external" and cfg.judge.backend == "http"):
+        fail("judge.http", "be left empty unless judge.role is 'external' and judge.backend "
+             "is 'http' (fixed and changing judges are the policy and answer where it does)",
+             {k: v for k, v in vars(own).items() if v is not None})
     if cfg.training.mode == "online" and (cfg.policy.backend != "transformers"
                                           or cfg.judge.role == "external"):
         fail("training.mode", "be 'offline' unless policy.backend is 'transformers' and "
@@ -126,11 +144,45 @@ def _validate_combinations(cfg, fail) -> None:
              cfg.training.mode)
     if cfg.judge.role == "external" and not cfg.judge.model and cfg.judge.backend != "http":
         fail("judge.model", "name a model when judge.role is 'external'", cfg.judge.model)
-    uses_http = cfg.policy.backend == "http" or (
-        cfg.judge.role == "external" and cfg.judge.backend == "http"
-    )
-    if uses_http and not cfg.http.base_urls:
-        fail("http.base_urls", "list at least one URL when a backend is 'http'", cfg.http.base_urls)
+    if cfg.policy.backend == "http" and not cfg.http.base_urls:
+        fail("http.base_urls", "list at least one URL when policy.backend is 'http'",
+             cfg.http.base_urls)
+    if cfg.judge.role == "external" and cfg.judge.backend == "http" and not (
+            own.base_urls or cfg.http.base_urls):
+        fail("http.base_urls", "list at least one URL when judge.backend is 'http' (or set "
+             "judge.http.base_urls)", cfg.http.base_urls)
+    for key in ("concurrency", "timeout_s", "context_tokens"):
+        if getattr(own, key) is not None and getattr(own, key) <= 0:
+            fail(f"judge.http.{key}", "be positive or null", getattr(own, key))
+
+
+def _validate_source(cfg, fail) -> None:
+    """generation.source: existing responses instead of sampling (wim/sources.py)."""
+    from wim.sources import COLUMN_KEYS
+
+    g = cfg.generation
+    for key, name in g.source_columns.items():
+        if key not in COLUMN_KEYS:
+            fail("generation.source_columns", f"use only the keys {', '.join(COLUMN_KEYS)}", key)
+        if not isinstance(name, str) or not name:
+            fail(f"generation.source_columns.{key}", "be a column or key name", name)
+    if g.source is None:
+        return
+    if not isinstance(g.source, str) or not g.source.strip():
+        fail("generation.source", "be a file, a saved dataset folder or a datasets name, or "
+             "null", g.source)
+    why = "the prompts come with generation.source"
+    if cfg.prompts.source != "bundled":
+        fail("prompts.source", f"stay 'bundled' (unused) when generation.source is set: {why}",
+             cfg.prompts.source)
+    if cfg.prompts.holdout:
+        fail("prompts.holdout", "be 0 when generation.source is set (held-out prompts are "
+             "answered by the policy in `wim eval`; give the source's held-out prompts to "
+             "prompts.source in a run of their own)", cfg.prompts.holdout)
+    if cfg.training.rounds > 1 or cfg.training.mode == "online":
+        fail("training.rounds", "be 1 with offline training when generation.source is set "
+             "(later rounds and online DPO sample from the trained policy)",
+             (cfg.training.rounds, cfg.training.mode))
 
 
 def _validate_refine(r, fail) -> None:

@@ -28,20 +28,37 @@ _TEMPLATE_FILES = {"wim": "judge_prompt.txt", "numeric": "judge_prompt_numeric.t
 EMPTY_ANSWER = "(empty answer)"
 
 
-MAX_JSON_CRITIQUE_CHARS = 300
+# The guided JSON's critique is bounded so that the rating always fits after it in the judge's
+# token budget (a critique that runs into judge.max_new_tokens leaves no rating: "no rating
+# found"). The JSON around the critique, `{"missing": "` and `", "rating": 10}`, plus the
+# whitespace a server's grammar may allow between the keys, stays under JSON_OVERHEAD_TOKENS;
+# English text averages about 4 characters a token, CHARS_PER_TOKEN leaves room for rarer words.
+JSON_OVERHEAD_TOKENS = 24
+CHARS_PER_TOKEN = 2
+DEFAULT_CRITIQUE_CHARS = 300  # no token budget given
 
 
-def judge_json_schema(mode: str = "wim") -> dict:
+def critique_max_chars(max_new_tokens: int | None) -> int:
+    """The critique's `maxLength` in the guided JSON, from the judge's token budget."""
+    if max_new_tokens is None:
+        return DEFAULT_CRITIQUE_CHARS
+    return max(8, CHARS_PER_TOKEN * (max_new_tokens - JSON_OVERHEAD_TOKENS))
+
+
+def judge_json_schema(mode: str = "wim", max_new_tokens: int | None = None) -> dict:
     """The JSON a server is asked for (HTTP judges, `judge.guided_json`): the fields of the
     text format as keys, `{"missing": "...", "rating": N}` (numeric mode: only the rating).
-    The parser reads this JSON like the two-line format and checks every value itself."""
+    The critique's length is bounded by `max_new_tokens` (`critique_max_chars`), so the rating
+    is always written. The parser reads this JSON like the two-line format and checks every
+    value itself."""
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
     # An enum rather than minimum/maximum: llama.cpp's schema-to-grammar ignores the bounds
     # (the bundled judge wrote "rating": 1000000000000000), and every server takes an enum.
     properties: dict = {"rating": {"type": "integer", "enum": list(range(1, 11))}}
     if mode == "wim":
-        properties = {"missing": {"type": "string", "maxLength": MAX_JSON_CRITIQUE_CHARS},
+        properties = {"missing": {"type": "string",
+                                  "maxLength": critique_max_chars(max_new_tokens)},
                       **properties}
     return {"type": "object", "properties": properties, "required": list(properties),
             "additionalProperties": False}

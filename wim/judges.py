@@ -108,6 +108,12 @@ class BackendJudge(Judge):
         self.guided_json = guided_json
         self.instructions = build_judge_instructions(criteria, mode, prompt)
 
+    @property
+    def served_model(self) -> str | None:
+        """The model name a server judged by (an http backend; a served adapter's name for a
+        changing judge), else None."""
+        return self.backend.model if getattr(self.backend, "name", "") == "http" else None
+
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
         results: list[Judgement | None] = [None] * len(items)
         todo = list(range(len(items)))
@@ -170,8 +176,9 @@ class BackendJudge(Judge):
         convs = [self._messages(p, r) for p, r in items]
         if not self.backend.supports_prefill:
             # A server is asked for the JSON of the format, where it takes a schema.
-            schema = (judge_json_schema(self.mode) if self.guided_json and self.prompt == "ours"
-                      and self.backend.supports_json_schema else None)
+            guided = (self.guided_json and self.prompt == "ours"
+                      and self.backend.supports_json_schema)
+            schema = judge_json_schema(self.mode, self.max_new_tokens) if guided else None
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, json_schema=schema)
             head = ""
         elif self.prompt == "authors":

@@ -127,5 +127,8 @@ def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
         "judge/echoed_rubric_any_attempt": ever,
         "judge/echoed_rubric_any_attempt_rate": ever / n if n else math.nan,
         "judge/retried": retried,
+        # Asks per recorded judgement (1 = every verdict parsed at the first attempt).
+        "judge/attempts_per_judgement": (sum(j.get("attempts", 1) for j in judgements) / n
+                                         if n else math.nan),
         "judge/nothing_missing_rate": nothing / n if n else math.nan,
     }

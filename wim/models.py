@@ -187,13 +187,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def device_and_dtype():
-    """("cuda", torch.bfloat16) when a GPU is there, else ("cpu", torch.float32)."""
+def device_and_dtype(dtype: str = "auto"):
+    """("cuda" or "cpu", the torch dtype `dtype` resolves to here; see wim/precision.py)."""
     import torch
 
-    if torch.cuda.is_available():
-        return "cuda", torch.bfloat16
-    return "cpu", torch.float32
+    from wim.precision import torch_dtype
+
+    return ("cuda" if torch.cuda.is_available() else "cpu"), torch_dtype(dtype)
 
 
 def quantization_config(load_in_4bit: bool):
@@ -222,9 +222,11 @@ def quantization_config(load_in_4bit: bool):
 
 
 def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool = False,
-                   peft_adapter: bool = False):
-    """Load a causal LM and its tokenizer, resolving `bundled:` names, on the GPU in bfloat16
-    when there is one, else on the CPU in float32 (`device_and_dtype`).
+                   peft_adapter: bool = False, dtype: str = "auto"):
+    """Load a causal LM and its tokenizer, resolving `bundled:` names, on the GPU when there is
+    one, in `dtype` (`auto`: bfloat16 on CUDA and on CPUs with native bfloat16, else float32;
+    see wim/precision.py). A LoRA adapter put on a bfloat16 model for training gets float32
+    weights (peft's `autocast_adapter_dtype`), so the trained weights stay float32.
 
     `adapter`: a trained LoRA adapter folder (as `wim train` writes it), attached with
     transformers' PEFT integration (`model.load_adapter`), the way a policy carries one; with
@@ -234,9 +236,9 @@ def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_causal_lm(name)
-    device, dtype = device_and_dtype()
+    device, torch_dtype = device_and_dtype(dtype)
     quant = quantization_config(load_in_4bit)
-    kwargs = {"dtype": dtype}
+    kwargs = {"dtype": torch_dtype}
     if quant is not None:
         kwargs.update(quantization_config=quant, device_map={"": 0})
     try:

@@ -126,4 +126,11 @@ def pair_row(chosen: dict[str, Any], rejected: dict[str, Any]) -> dict[str, Any]
         "chosen_score": chosen["score"],
         "rejected_score": rejected["score"],
         "zeta": chosen["zeta"],
+        # Who wrote each side: the policy, or a generation.source response's model.
+        "chosen_origin": _origin(chosen),
+        "rejected_origin": _origin(rejected),
     }
+
+
+def _origin(record: dict[str, Any]) -> str:
+    return record.get("origin") or record.get("policy") or ""

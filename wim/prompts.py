@@ -70,28 +70,8 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
             f"Prompt limit must be a positive integer or None, got {limit!r} (source {source!r}). "
             "Set prompts.limit to a number of prompts, or remove it to use them all."
         )
-    path = bundled_prompts_path() if source == BUNDLED else Path(source).expanduser()
-    suffix = path.suffix.lower()
-    if path.is_file() or suffix in JSONL_SUFFIXES + TABLE_SUFFIXES:
-        if not path.is_file():
-            raise PromptsError(
-                f"Prompt file {str(path)!r} does not exist. Check the path in prompts.source "
-                "(relative paths are resolved from the current directory), or use 'bundled'."
-            )
-        if suffix in JSONL_SUFFIXES:
-            rows = _read_jsonl(path)
-        elif suffix in TABLE_SUFFIXES:
-            rows = _read_table(path)
-        else:
-            raise PromptsError(
-                f"Prompt file {str(path)!r} has an unsupported type {suffix or '(no suffix)'!r}. "
-                "Expected .jsonl or .json (one JSON object per line), .csv or .parquet; "
-                "convert the file or rename it to match its contents."
-            )
-        origin = f"Prompt file {str(path)!r}"
-    else:
-        rows = _read_hub(source, split, limit)
-        origin = f"Dataset {source!r} (split {split!r})"
+    rows, origin = read_rows(str(bundled_prompts_path()) if source == BUNDLED else source, split,
+                             limit)
     prompts = _build_prompts(rows, origin)
     if not prompts:
         raise PromptsError(
@@ -103,13 +83,81 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
     return prompts
 
 
-def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+def read_rows(source: str, split: str = "train", limit: int | None = None,
+              label: str = "Prompt", column: str | None = "prompt"
+              ) -> tuple[list[tuple[str, Any]], str]:
+    """(location, record) pairs of a local .jsonl/.json/.csv/.parquet file, a folder written by
+    `datasets`' `save_to_disk`, or a `datasets` hub name, plus the origin to name in errors
+    ("Prompt file 'x.csv'"). `label` names what the rows are for (`Prompt`, `Response source`);
+    `column`, when given, must be a column of a table or dataset. A hub dataset is cut to
+    `limit` rows first because it may be large; files are read whole."""
+    path = Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        return _read_saved(path, split, label, column), f"{label} folder {str(path)!r}"
+    if path.is_file() or suffix in JSONL_SUFFIXES + TABLE_SUFFIXES:
+        if not path.is_file():
+            raise PromptsError(
+                f"{label} file {str(path)!r} does not exist. Check the path in "
+                f"{_key(label)} (relative paths are resolved from the current directory)"
+                f"{_BUNDLED_HINT if label == 'Prompt' else ''}."
+            )
+        if suffix in JSONL_SUFFIXES:
+            rows = _read_jsonl(path, label)
+        elif suffix in TABLE_SUFFIXES:
+            rows = _read_table(path, label, column)
+        else:
+            raise PromptsError(
+                f"{label} file {str(path)!r} has an unsupported type {suffix or '(no suffix)'!r}. "
+                "Expected .jsonl or .json (one JSON object per line), .csv or .parquet; "
+                "convert the file or rename it to match its contents."
+            )
+        return rows, f"{label} file {str(path)!r}"
+    return _read_hub(source, split, limit, label, column), f"Dataset {source!r} (split {split!r})"
+
+
+_BUNDLED_HINT = ", or use 'bundled'"
+
+
+def _key(label: str) -> str:
+    return "prompts.source" if label == "Prompt" else "generation.source"
+
+
+def _read_saved(path: Path, split: str, label: str, column: str | None
+                ) -> list[tuple[str, Any]]:
+    """A folder written by `Dataset.save_to_disk` (a DatasetDict: its `split`)."""
+    import datasets  # slow to import; only dataset folders need it
+
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise PromptsError(
+            f"{label} folder {str(path)!r} is not a dataset saved with `save_to_disk` "
+            f"({_one_line(e)}). Point {_key(label)} at a .jsonl, .csv or .parquet file, or at "
+            "a folder that `datasets.load_from_disk` reads."
+        ) from e
+    if isinstance(dataset, datasets.DatasetDict):
+        if split not in dataset:
+            raise PromptsError(
+                f"{label} folder {str(path)!r} holds the splits {', '.join(dataset)}, not "
+                f"{split!r}. Set the split to one of them."
+            )
+        dataset = dataset[split]
+    if column is not None and column not in dataset.column_names:
+        raise PromptsError(
+            f"{label} folder {str(path)!r} has no {column!r} column (columns: "
+            f"{', '.join(dataset.column_names)}). Rename the column, or name it in the config."
+        )
+    return [(f"row {index} (counting from 0)", r) for index, r in enumerate(dataset)]
+
+
+def _read_jsonl(path: Path, label: str = "Prompt") -> list[tuple[str, Any]]:
     """Parse JSON lines into (location, record) pairs; blank lines are skipped."""
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise PromptsError(
-            f"Prompt file {str(path)!r} could not be read as UTF-8 text ({_one_line(e)}). "
+            f"{label} file {str(path)!r} could not be read as UTF-8 text ({_one_line(e)}). "
             "Save it as UTF-8 JSON lines, one object per line."
         ) from e
     rows: list[tuple[str, Any]] = []
@@ -120,7 +168,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptsError(
-                f"Prompt file {str(path)!r}, line {number}: invalid JSON ({e.msg} at column "
+                f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at column "
                 f"{e.colno}). Each non-blank line must be one JSON object"
                 f"{_array_hint(line)}; fix that line or remove it."
             ) from e
@@ -128,7 +176,8 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     return rows
 
 
-def _read_table(path: Path) -> list[tuple[str, Any]]:
+def _read_table(path: Path, label: str = "Prompt", column: str | None = "prompt"
+                ) -> list[tuple[str, Any]]:
     """Read a CSV or parquet file into (location, record) pairs with pandas."""
     import pandas as pd  # slow to import; only table sources need it
 
@@ -140,20 +189,22 @@ def _read_table(path: Path) -> list[tuple[str, Any]]:
             frame = pd.read_parquet(path)
     except pd.errors.EmptyDataError as e:
         raise PromptsError(
-            f"Prompt file {str(path)!r} is empty. Add a header with a 'prompt' column and one "
-            "row per prompt, or point prompts.source at another file."
+            f"{label} file {str(path)!r} is empty. Add a header with a {column or 'prompt'!r} "
+            f"column and one row per prompt, or point {_key(label)} at another file."
         ) from e
     except (ImportError, OSError, ValueError) as e:
         kind = path.suffix.lower().lstrip(".")
         raise PromptsError(
-            f"Prompt file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
-            f"Check that it is a valid {kind} file with a 'prompt' column."
+            f"{label} file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
+            f"Check that it is a valid {kind} file with a {column or 'prompt'!r} column."
         ) from e
-    if "prompt" not in frame.columns:
+    if column is not None and column not in frame.columns:
         raise PromptsError(
-            f"Prompt file {str(path)!r} has no 'prompt' column (columns: "
+            f"{label} file {str(path)!r} has no {column!r} column (columns: "
             f"{', '.join(map(str, frame.columns)) or 'none'}). Rename the column that holds the "
-            "prompts to 'prompt'; 'id' and 'domain' columns are optional."
+            f"prompts to {column!r}"
+            + ("; 'id' and 'domain' columns are optional." if label == "Prompt" else
+               ", or name your column in generation.source_columns.")
         )
     # 0-based like the default ids; CSV line numbers would be wrong for quoted newlines.
     note = (
@@ -162,7 +213,8 @@ def _read_table(path: Path) -> list[tuple[str, Any]]:
     return [(f"row {i} ({note})", r) for i, r in enumerate(frame.to_dict("records"))]
 
 
-def _read_hub(source: str, split: str, limit: int | None) -> list[tuple[str, Any]]:
+def _read_hub(source: str, split: str, limit: int | None, label: str = "Prompt",
+              column: str | None = "prompt") -> list[tuple[str, Any]]:
     """Load a `datasets` hub dataset into (location, record) pairs."""
     try:
         import datasets  # slow to import; only hub sources need it
@@ -170,16 +222,17 @@ def _read_hub(source: str, split: str, limit: int | None) -> list[tuple[str, Any
         dataset = datasets.load_dataset(source, split=split)
     except Exception as e:  # network, auth, unknown name or split: all end the same way
         raise PromptsError(
-            f"Prompt source {source!r} is not an existing file, and it could not be loaded as a "
-            f"Hugging Face dataset (split {split!r}): {type(e).__name__}: {_one_line(e)}. "
-            "Without network access, use a local .jsonl, .csv or .parquet file with a 'prompt' "
-            "column, or 'bundled'."
+            f"{label} source {source!r} is not an existing file, and it could not be loaded as "
+            f"a Hugging Face dataset (split {split!r}): {type(e).__name__}: {_one_line(e)}. "
+            "Without network access, use a local .jsonl, .csv or .parquet file"
+            + (" with a 'prompt' column, or 'bundled'." if label == "Prompt" else
+               ", or a folder saved with `save_to_disk`.")
         ) from e
-    if "prompt" not in dataset.column_names:
+    if column is not None and column not in dataset.column_names:
         raise PromptsError(
-            f"Dataset {source!r} (split {split!r}) has no 'prompt' column (columns: "
-            f"{', '.join(dataset.column_names)}). Choose a dataset with a 'prompt' column, or "
-            "export the prompts to a local .jsonl file with a 'prompt' field."
+            f"Dataset {source!r} (split {split!r}) has no {column!r} column (columns: "
+            f"{', '.join(dataset.column_names)}). Choose a dataset with a {column!r} column, or "
+            "export the rows to a local .jsonl file."
         )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
@@ -231,21 +284,21 @@ def _to_prompt(record: Any, index: int, where: str) -> Prompt:
     return Prompt(id=prompt_id, domain=domain, messages=messages)
 
 
-def _to_messages(value: Any, where: str) -> tuple[dict, ...]:
+def _to_messages(value: Any, where: str, help_text: str = _RECORD_HELP) -> tuple[dict, ...]:
     """A string becomes one user message; a list of messages is checked and copied."""
     if isinstance(value, str):
         if not value.strip():
-            raise PromptsError(f"{where}: empty prompt. {_RECORD_HELP}")
+            raise PromptsError(f"{where}: empty prompt. {help_text}")
         return ({"role": "user", "content": value},)
     if hasattr(value, "tolist"):  # parquet list columns arrive as numpy arrays
         value = value.tolist()
     if not isinstance(value, list):
         raise PromptsError(
             f"{where}: 'prompt' is a {type(value).__name__}, not a string or a list of messages. "
-            f"{_RECORD_HELP}"
+            f"{help_text}"
         )
     if not value:
-        raise PromptsError(f"{where}: empty prompt (an empty message list). {_RECORD_HELP}")
+        raise PromptsError(f"{where}: empty prompt (an empty message list). {help_text}")
     messages = []
     for number, message in enumerate(value, start=1):
         if not (
@@ -256,18 +309,18 @@ def _to_messages(value: Any, where: str) -> tuple[dict, ...]:
         ):
             raise PromptsError(
                 f"{where}: prompt message {number} is not a {{'role': str, 'content': str}} "
-                f"object (got {message!r}). {_RECORD_HELP}"
+                f"object (got {message!r}). {help_text}"
             )
         messages.append({"role": message["role"], "content": message["content"]})
     # The policy answers the conversation, so it must end on the user's turn.
     if messages[-1]["role"] != "user":
         raise PromptsError(
             f"{where}: the last prompt message has role {messages[-1]['role']!r}, expected 'user'. "
-            f"{_RECORD_HELP}"
+            f"{help_text}"
         )
     if not messages[-1]["content"].strip():
         raise PromptsError(
-            f"{where}: empty prompt (the last user message is blank). {_RECORD_HELP}"
+            f"{where}: empty prompt (the last user message is blank). {help_text}"
         )
     return tuple(messages)
 

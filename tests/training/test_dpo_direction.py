@@ -3,16 +3,19 @@
 same kind is positive.
 
 Implicit reward of a response y: beta * (log p_policy(y | x) - log p_ref(y | x)), the reference
-being the same weights with the adapter off. Checked once by hand with chosen and rejected
-swapped in training (`train_small_adapter(out, swap=True)`, same settings): the three held-out
-margins came out -4.76, -5.35 and -3.49, so this test fails if the pairs' direction is reversed
-anywhere between pairs.jsonl and TRL.
+being the same weights with the adapter off. The control trains on the same pairs with chosen
+and rejected swapped (`train_small_adapter(out, swap=True)`, same settings) and must give
+negative margins (by hand once: -4.76, -5.35, -3.49): so a positive margin comes from the pairs'
+direction, not from training as such, and the test fails if that direction is reversed anywhere
+between pairs.jsonl and TRL.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from conftest import HELD_OUT
+from conftest import HELD_OUT, train_small_adapter
 
 BETA = 0.1
 
@@ -51,3 +54,10 @@ def implicit_margins(adapter) -> list[float]:
 def test_implicit_reward_margin_is_positive_on_held_out_pairs(trained_adapter) -> None:
     margins = implicit_margins(trained_adapter)
     assert all(m > 0 for m in margins), margins
+
+
+@pytest.mark.slow
+def test_reversed_pairs_give_negative_margins(tmp_path: Path) -> None:
+    """The control: the same training with chosen and rejected swapped."""
+    margins = implicit_margins(train_small_adapter(tmp_path, swap=True))
+    assert all(m < 0 for m in margins), margins

@@ -75,6 +75,10 @@ def _pair_reply(messages: list[dict]) -> str:
     user = messages[-1]["content"]
     if "UNPARSEABLE" in user:
         return "I cannot decide."
+    if "PLACEHOLDER" in user:  # copies the template's format line, as the 135M model does
+        return "Reason: <one short sentence>\nVerdict: A"
+    if "TIE" in user:
+        return "Reason: same.\nVerdict: tie"
     if "Answer A:" not in user:  # pointwise
         return "Reason: ok\nScore: 9" if "GOOD" in user else "Reason: meh\nScore: 2"
     first, second = _answers(user)
@@ -123,6 +127,25 @@ def test_position_bias_becomes_a_tie(recorder):
     verdicts = _evaluator(recorder.url).pairwise(["Q?"], ["one"], ["two"])
     assert verdicts[0].winner == "tie" and verdicts[0].failure is None
     assert len(recorder.requests) == 2
+    # Both orders kept: "A" both times is a for the first order and b for the second.
+    assert verdicts[0].orders == ("a", "b") and verdicts[0].tie_kind == "order_disagreement"
+
+
+def test_tie_kinds_real_disagreement_identical(recorder):
+    verdicts = _evaluator(recorder.url).pairwise(["TIE?", "Q?", "R?"], ["x", "one", "same"],
+                                                 ["y", "two", "same"])
+    assert [v.tie_kind for v in verdicts] == ["real", "order_disagreement", "identical"]
+    assert verdicts[0].orders == ("tie", "tie")
+
+
+def test_a_copied_placeholder_is_a_failed_verdict_retried_and_counted(recorder):
+    assert parse_verdict("Reason: <one short sentence>\nVerdict: A") == (
+        None, "copied the template placeholder '<one short sentence>'")
+    assert parse_score("Reason: <One short sentence>\nScore: 7")[0] is None
+    assert parse_verdict("Reason: fine.\nVerdict: A") == ("A", None)
+    verdicts = _evaluator(recorder.url, retries=1).pairwise(["PLACEHOLDER?"], ["x"], ["y"])
+    assert verdicts[0].winner is None and "placeholder" in verdicts[0].failure
+    assert len(recorder.requests) == 2 * 2  # each order asked again once
 
 
 def test_identical_answers_tie_without_a_call(recorder):
@@ -182,8 +205,16 @@ def test_bundled_local_evaluator_gives_verdicts_or_counted_failures():
     for v in verdicts:
         # Guided decoding restricts the value to A, B or tie, so every verdict parses.
         assert v.winner in ("a", "b", "tie") and v.failure is None, v.raw
-        assert len(v.raw) == 2 and all(r.startswith("Reason:") for r in v.raw) and v.tokens > 0
-        assert all(re.search(r"\nVerdict: (A|B|tie)$", r) for r in v.raw), v.raw
+        # "Reason:" and "Verdict:" are the evaluator's own (prefill and guide); the reason in
+        # between and the letter are the model's, and the winner maps the two orders' letters
+        # back to the answers (a is A in the first order, B in the second).
+        assert len(v.raw) == 2 and v.tokens > 0
+        found = [re.fullmatch(r"Reason:(.*\S.*)\nVerdict: (A|B|tie)", r, re.S) for r in v.raw]
+        assert all(found), v.raw
+        first, second = (m.group(2) for m in found)
+        a_first = {"A": "a", "B": "b", "tie": "tie"}[first]
+        a_second = {"A": "b", "B": "a", "tie": "tie"}[second]
+        assert v.winner == (a_first if a_first == a_second else "tie"), v.raw
     allowed = {str(build_pair_messages(q, x, y)) for q, x, y in
                [(qs[0], "Paris.", "I like turtles."), (qs[0], "I like turtles.", "Paris."),
                 (qs[1], "Eight.", "Six."), (qs[1], "Six.", "Eight.")]}

@@ -18,9 +18,12 @@ def _with(overrides: list[str]):
 def test_defaults_are_the_bundled_pairwise_evaluator():
     cfg = _with([])
     assert cfg.blind.model == "bundled:smollm2-135m-instruct"
+    # The quickstart holds out 16 prompts and evaluates in `wim run`; compare defaults to 50.
     assert (cfg.blind.backend, cfg.blind.mode, cfg.prompts.holdout) == ("transformers",
-                                                                         "pairwise", 0)
+                                                                         "pairwise", 16)
+    assert cfg.eval.in_run is True and cfg.eval.compare_holdout == 50
     assert cfg.eval.compare_zetas == [0.4]
+    assert _with(["eval.in_run=false"]).eval.in_run is False
 
 
 @pytest.mark.parametrize("override, key", [

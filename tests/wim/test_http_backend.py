@@ -94,6 +94,7 @@ class FaultProxy:
     Actions: forward (to `upstream`), canned (a valid reply), 500, 429, 400, echo401 (401 whose
     body echoes the Authorization header, as careless servers do), slow (no reply until closed),
     malformed (invalid JSON), nochoices (JSON without choices), close (drop the connection),
+    refuse_n (400 naming `n` to a request with n > 1, else forward),
     forward_then_die (forward, then shut the whole server down: later connects are refused).
     """
 
@@ -136,6 +137,12 @@ class FaultProxy:
                     self._reply(reply.status_code, reply.content)
                     if action == "forward_then_die":
                         threading.Thread(target=proxy.close).start()
+                elif action == "refuse_n" and json.loads(body).get("n", 1) > 1:
+                    self._reply(400, b'{"error": {"message": "\'n\' must be 1"}}')
+                elif action == "refuse_n":
+                    reply = httpx.post(proxy.upstream + self.path.removeprefix("/v1"),
+                                       content=body, headers=JSON_HEADERS, timeout=120)
+                    self._reply(reply.status_code, reply.content)
                 elif action == "canned":
                     self._reply(200, json.dumps(CANNED).encode())
                 elif action in ("500", "429", "400"):
@@ -192,7 +199,11 @@ def test_real_completions(server_url):
     for c in (c for row in results for c in row):
         assert c.ok and c.error is None and c.text.strip()
         assert c.prompt_tokens > 0 and c.completion_tokens > 0
-    assert backend.stats == {"requests": 4, "retries": 0, "failures": 0, "guided_refused": 0}
+    # llama-cpp-python's server ignores n and answers one choice: each prompt's second sample
+    # comes from a single request (2 requests with n=2, then 2 with n=1), counted.
+    assert {k: backend.stats[k] for k in ("requests", "retries", "failures")} == {
+        "requests": 4, "retries": 0, "failures": 0}
+    assert 1 <= backend.stats["n_fallback"] <= 2
 
 
 @pytest.mark.slow
@@ -223,13 +234,28 @@ def test_round_robin_over_urls(stub_url, proxies):
     assert backend.stats["requests"] == 4
 
 
+def test_a_server_that_refuses_n_gets_one_request_per_sample(stub_url, proxies):
+    proxy = proxies(lambda i: "refuse_n", stub_url)
+    backend = _backend([proxy.url], concurrency=1)
+    results = backend.generate(CONVS, PARAMS, n=3, seed=4)
+    assert [len(row) for row in results] == [3, 3]
+    assert all(c.ok for row in results for c in row)
+    # Each sample has its own seed once the server takes one sample per request.
+    assert len({c.text for c in results[0]}) == 3
+    # The first request with n=3 was refused (no retry, no failure), then 6 single requests.
+    assert proxy.count == 7 and backend.stats["requests"] == 7
+    assert backend.stats["n_fallback"] == 1
+    assert backend.stats["failures"] == backend.stats["retries"] == 0
+
+
 def test_slow_reply_is_retried_on_next_url(proxies):
     slow, fast = proxies(lambda i: "slow"), proxies(lambda i: "canned")
     backend = _backend([slow.url, fast.url], concurrency=1, timeout_s=0.5)
     [[c]] = backend.generate(CONVS[:1], PARAMS)
     assert c.ok and c.text == "canned"
     assert (slow.count, fast.count) == (1, 1)
-    assert backend.stats == {"requests": 2, "retries": 1, "failures": 0, "guided_refused": 0}
+    assert backend.stats == {"requests": 2, "retries": 1, "failures": 0, "guided_refused": 0,
+                             "n_fallback": 0}
 
 
 def test_slow_reply_everywhere_is_a_counted_failure(proxies):
@@ -240,7 +266,8 @@ def test_slow_reply_everywhere_is_a_counted_failure(proxies):
     assert time.monotonic() - start < 10
     assert not c.ok and c.text == ""
     assert "timeout" in c.error and slow.url in c.error and "2 attempts" in c.error
-    assert backend.stats == {"requests": 2, "retries": 1, "failures": 1, "guided_refused": 0}
+    assert backend.stats == {"requests": 2, "retries": 1, "failures": 1, "guided_refused": 0,
+                             "n_fallback": 0}
 
 
 @pytest.mark.parametrize("fault", ["500", "429"])
@@ -252,7 +279,8 @@ def test_server_error_then_success(stub_url, proxies, fault):
     assert c.ok and c.text == f"stub answer to {CONVS[0][0]['content']!r} with seed 5"
     assert c.completion_tokens == len(c.text.split())
     assert proxy.count == 3
-    assert backend.stats == {"requests": 3, "retries": 2, "failures": 0, "guided_refused": 0}
+    assert backend.stats == {"requests": 3, "retries": 2, "failures": 0, "guided_refused": 0,
+                             "n_fallback": 0}
 
 
 def test_client_error_is_not_retried(proxies):
@@ -261,7 +289,8 @@ def test_client_error_is_not_retried(proxies):
     [[c]] = backend.generate(CONVS[:1], PARAMS)
     assert not c.ok and "HTTP 400" in c.error and proxy.url in c.error
     assert proxy.count == 1
-    assert backend.stats == {"requests": 1, "retries": 0, "failures": 1, "guided_refused": 0}
+    assert backend.stats == {"requests": 1, "retries": 0, "failures": 1, "guided_refused": 0,
+                             "n_fallback": 0}
 
 
 @pytest.mark.parametrize("fault", ["malformed", "nochoices"])
@@ -271,7 +300,8 @@ def test_malformed_body_is_retried_then_fails(proxies, fault):
     [[c]] = backend.generate(CONVS[:1], PARAMS)
     assert not c.ok and c.error.startswith("malformed response from") and "\n" not in c.error
     assert proxy.count == 3
-    assert backend.stats == {"requests": 3, "retries": 2, "failures": 1, "guided_refused": 0}
+    assert backend.stats == {"requests": 3, "retries": 2, "failures": 1, "guided_refused": 0,
+                             "n_fallback": 0}
 
 
 @pytest.mark.parametrize("with_spare", [False, True])
@@ -286,7 +316,8 @@ def test_server_dying_mid_run(stub_url, proxies, with_spare):
     assert [len(row) for row in results] == [2, 2, 2]  # no silent gap
     done = [c for row in results for c in row]
     failed = [c for c in done if not c.ok]
-    assert backend.stats["failures"] == len(failed)
+    # A failed request with n=2 fails both its samples; a single request, one.
+    assert len(failed) / 2 <= backend.stats["failures"] <= len(failed)
     assert all(c.error and not c.text for c in failed)
     if with_spare:
         assert not failed  # every retry found the live URL

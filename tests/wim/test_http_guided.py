@@ -17,7 +17,7 @@ import pytest
 from conftest import QUICKSTART, SHRUNK, run_wim, sets
 
 from wim.backends.http_backend import HTTPBackend
-from wim.judge_prompts import MAX_JSON_CRITIQUE_CHARS, judge_json_schema
+from wim.judge_prompts import judge_json_schema
 from wim.judges import BackendJudge
 from wim.records import read_records
 
@@ -84,16 +84,19 @@ def _judge(server: FormatServer, guided: bool = True, mode: str = "wim"
 
 # The schemas the module docstrings of wim/judge_prompts.py and wim/backends/http_backend.py
 # describe, written out here rather than built by the code under test: an integer rating out
-# of an enum of 1..10, and in wim mode a critique string of at most MAX_JSON_CRITIQUE_CHARS.
+# of an enum of 1..10, and in wim mode a critique string of at most 2 characters per token of
+# the judge's budget left after 24 tokens of JSON around it.
 RATING = {"type": "integer", "enum": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}
-EXPECTED_SCHEMAS = {
-    "wim": {"type": "object",
-            "properties": {"missing": {"type": "string", "maxLength": MAX_JSON_CRITIQUE_CHARS},
+
+
+def expected_schema(mode: str, max_new_tokens: int) -> dict:
+    if mode == "numeric":
+        return {"type": "object", "properties": {"rating": RATING}, "required": ["rating"],
+                "additionalProperties": False}
+    return {"type": "object",
+            "properties": {"missing": {"type": "string", "maxLength": 2 * (max_new_tokens - 24)},
                            "rating": RATING},
-            "required": ["missing", "rating"], "additionalProperties": False},
-    "numeric": {"type": "object", "properties": {"rating": RATING}, "required": ["rating"],
-                "additionalProperties": False},
-}
+            "required": ["missing", "rating"], "additionalProperties": False}
 
 
 @pytest.mark.parametrize("mode", ["wim", "numeric"])
@@ -104,7 +107,7 @@ def test_the_exact_schema_is_sent_in_both_forms(mode):
         results = judge.judge(ITEMS)
     finally:
         server.close()
-    schema = EXPECTED_SCHEMAS[mode]
+    schema = expected_schema(mode, judge.max_new_tokens)
     first, *rest = server.bodies
     assert first["response_format"] == {
         "type": "json_schema",
@@ -181,6 +184,15 @@ def test_schema_matches_the_parser():
     schema = judge_json_schema("wim")
     assert schema["required"] == ["missing", "rating"]
     assert judge_json_schema("numeric")["required"] == ["rating"]
+
+
+def test_the_critique_is_bounded_by_the_token_budget():
+    """maxLength leaves the rating room within judge.max_new_tokens: 2 characters a token,
+    24 tokens for the JSON around the critique."""
+    lengths = [judge_json_schema("wim", t)["properties"]["missing"]["maxLength"]
+               for t in (64, 128, 30)]
+    assert lengths == [80, 208, 12]
+    assert judge_json_schema("wim")["properties"]["missing"]["maxLength"] == 300
 
 
 @pytest.mark.slow

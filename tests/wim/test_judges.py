@@ -157,9 +157,11 @@ def test_numeric_mode_needs_no_critique() -> None:
     assert result.parse_ok and result.rating == 8 and result.critique is None
 
 
-@pytest.fixture(scope="module")
-def bundled() -> TransformersBackend:
-    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def bundled(request) -> TransformersBackend:
+    """The bundled model in each dtype, pinned (the guided format must hold in both)."""
+    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4,
+                                    dtype=request.param)
 
 
 @pytest.mark.slow
@@ -167,18 +169,28 @@ def test_guided_format_on_the_bundled_model(bundled: TransformersBackend, monkey
     reference = bundled.reference_view()
     calls = []
     real = reference.generate
-    monkeypatch.setattr(reference, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def generate(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(reference, "generate", generate)
     judge = BackendJudge(reference, role="fixed", model_name="bundled",
                          criteria="accuracy", max_new_tokens=24, max_retries=0)
     items = [("Why is the sky blue?", "Because of the sun."),
              ("What is 2 + 2?", "4, because two and two make four.")]
     results = judge.judge(items, seed=3)
-    for r in results:
+    assert len(calls) == 1  # critique and rating in one generate call
+    for r, [completion] in zip(results, calls[0], strict=True):
         # The guide forces the labels; the value after "Rating:" is the model's own, and the
         # parser must find a valid 1-10 integer there on the first, greedy attempt.
         assert r.rating is not None and 1 <= r.rating <= 10, r.raw
-        assert r.completion_tokens <= 24
-    assert len(calls) == 1  # critique and rating in one generate call
+        # The judgement's text and token counts are the backend's completion's (tests/wim/
+        # test_prefix_cache.py checks the backend's count on a model whose tokens are known).
+        assert r.raw == "Missing:" + completion.text
+        assert (r.prompt_tokens, r.completion_tokens) == (completion.prompt_tokens,
+                                                          completion.completion_tokens)
+        assert completion.completion_tokens > 0
 
 
 @pytest.mark.slow

@@ -220,8 +220,9 @@ def test_records_out_of_order_are_grouped_and_sorted():
 
 
 def test_rows_are_trl_conversational_with_audit_columns():
-    scored = [_rec("a", 0, 0.7, rating=9, domain="medicine"),
-              _rec("a", 1, -0.2, rating=3, domain="medicine")]
+    # The origin: a generation.source response's model, else the policy that sampled it.
+    scored = [{**_rec("a", 0, 0.7, rating=9, domain="medicine"), "origin": "gpt-4"},
+              {**_rec("a", 1, -0.2, rating=3, domain="medicine"), "policy": "bundled:p"}]
     rows, _ = build_pairs(scored, PairsConfig())
     assert rows == [{
         "prompt": [{"role": "user", "content": "question a"}],
@@ -240,6 +241,8 @@ def test_rows_are_trl_conversational_with_audit_columns():
         "chosen_score": 0.7,
         "rejected_score": -0.2,
         "zeta": 0.4,
+        "chosen_origin": "gpt-4",
+        "rejected_origin": "bundled:p",
     }]
 
 

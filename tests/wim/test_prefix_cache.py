@@ -3,6 +3,8 @@ without it, on the real bundled model; the reuse path really runs; prefix arithm
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from wim.backends import TransformersBackend
@@ -30,13 +32,40 @@ def test_common_prefix_length():
     assert common_prefix_length([]) == 0
 
 
+def test_the_loop_takes_generates_settings_and_names_those_it_lacks():
+    """generate's order and defaults (transformers 5.24 `_get_logits_processor`): temperature,
+    top-k (50 unless the generation config sets it), top-p; a setting the loop does not
+    apply is named, so that the backend hands the batch to `generate` instead."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from wim.backends.decode import end_tokens, sampling_warpers, unsupported_settings
+
+    warpers = sampling_warpers(GenerationConfig(), 0.7, 0.9)
+    assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKLogitsWarper,
+                                          TopPLogitsWarper]
+    assert warpers[0].temperature == 0.7 and warpers[1].top_k == 50 and warpers[2].top_p == 0.9
+    assert sampling_warpers(GenerationConfig(top_k=7), 0.7, 1.0)[1].top_k == 7
+    assert [type(w) for w in sampling_warpers(GenerationConfig(top_k=0), 1.0, 1.0)] == []
+    assert unsupported_settings(GenerationConfig(eos_token_id=[1, 2], top_k=20)) == []
+    assert unsupported_settings(GenerationConfig(repetition_penalty=1.2)) == [
+        "repetition_penalty"]
+    assert end_tokens(GenerationConfig(eos_token_id=[5, 9])) == [5, 9]
+    assert end_tokens(GenerationConfig(eos_token_id=5)) == [5]
+    assert end_tokens(GenerationConfig()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, prompt", [("wim", "ours"), ("numeric", "ours"), ("wim", "authors")])
 def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt) -> None:
     """wim: the guided format (a stateful logits processor); numeric and authors: stop strings."""
     from transformers import StaticCache
 
-    backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=3)
+    backend = _bundled_float32(batch_size=3)
     batches, kept = [], []
     real_batch, real_reorder = PrefixCache.batch, StaticCache.reorder_cache
     monkeypatch.setattr(PrefixCache, "batch",
@@ -50,15 +79,22 @@ def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt
         view.reuse_prefix = reuse
         judge = BackendJudge(view, role="fixed", model_name="bundled", mode=mode, prompt=prompt,
                              criteria="accuracy", max_new_tokens=32, max_retries=0)
-        raws[reuse] = [r.raw for r in judge.judge(ITEMS, seed=1)]
+        results = judge.judge(ITEMS, seed=1)
+        raws[reuse] = [r.raw for r in results]
         assert bool(batches) == reuse  # the reuse path ran only when switched on
+        if mode == "wim" and prompt == "ours":
+            # The guide's work: one line of critique, then "Rating:" and digits only. Which
+            # number is the model's (in float32 the 135M judge wrote "100" once, which the
+            # parser then rightly refuses), so the shape is checked, not the range.
+            assert all(re.fullmatch(r"Missing: [^\n]*\S[^\n]*\nRating:\s?\d{1,3}\n?", r.raw)
+                       for r in results), raws[reuse]
+            assert sum(r.parse_ok for r in results) >= len(results) - 1, raws[reuse]
     calls = {"ours": 1, "authors": 3}[prompt]  # the authors' format takes three calls
     # Per call: two batches (3 + 2) after one prefix of the instructions (over the minimum).
     assert [n for _, n in batches] == [3, 2] * calls
     assert all(length >= max(MIN_PREFIX_TOKENS, 100) for length, _ in batches)
     assert raws[True] == raws[False]
     if mode == "wim" and prompt == "ours":
-        assert all(raw.startswith("Missing:") and "\nRating:" in raw for raw in raws[True])
         # Rows that finished early left their batch (wim/backends/decode.py) while others ran on.
         assert kept and all(0 < n < 3 for n in kept)
 
@@ -99,7 +135,7 @@ def test_sampling_after_a_shared_prefix_follows_the_seed(monkeypatch) -> None:
     real = decode_module.decode
     monkeypatch.setattr(decode_module, "decode", lambda *a, **k: calls.append(k) or real(*a, **k))
 
-    backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=4)
+    backend = _bundled_float32(batch_size=4)
     system = {"role": "system", "content": "You answer in one short sentence. " * 8}
     convs = [[system, {"role": "user", "content": q}] for q, _ in ITEMS]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9)
@@ -112,3 +148,113 @@ def test_sampling_after_a_shared_prefix_follows_the_seed(monkeypatch) -> None:
     assert texts(3) == first
     assert texts(4) != first
     assert all(first)
+
+
+def _bundled_float32(batch_size: int) -> TransformersBackend:
+    """The bundled model pinned to float32 (not `auto`): these tests compare outputs across code
+    paths token for token, and bfloat16's rounding depends on the matmuls' shapes, so a greedy
+    tie may break differently (bench_dtype.py)."""
+    return TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=batch_size,
+                                    dtype="float32")
+
+
+# The bundled tokenizer's ids used by the tiny model below.
+IM_END, END_OF_TEXT, SEVEN, SALT, NEWLINE = 2, 0, 39, 5420, 198
+
+
+def _two_end_token_model(end: int):
+    """A tiny Llama, built in place over the bundled tokenizer, whose generation config lists
+    two end tokens (<|im_end|>, the tokenizer's own, and <|endoftext|>).
+
+    Its layers add nothing (zero output projections), so each next token depends on the
+    current one only: " salt" -> newline, "7" -> `end`, anything else -> "7", then " salt". A
+    judge after "Missing:" writes " salt", a newline, (the guide's) "Rating:", "7" and `end`;
+    after "Rating:" (numeric mode) "7" and `end`. A loop that did not stop at `end` would write
+    "7" again."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from wim.models import resolve_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm("bundled:smollm2-135m-instruct"))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        layer = model.model.layers[0]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        # Three kinds of current token: anything (0), "7" (1), " salt" (2).
+        emb = model.model.embed_tokens.weight
+        emb.zero_()
+        emb[:, 0] = 1.0
+        emb[SEVEN], emb[SALT] = torch.eye(16)[1], torch.eye(16)[2]
+        head = model.lm_head.weight
+        head.zero_()
+        head[SEVEN, 0], head[SALT, 0] = 10.0, 5.0
+        head[end, 1] = 10.0
+        head[NEWLINE, 2] = 10.0
+    model.generation_config.eos_token_id = [IM_END, END_OF_TEXT]
+    model.generation_config.pad_token_id = IM_END
+    return model, tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", [IM_END, END_OF_TEXT])
+@pytest.mark.parametrize("mode", ["wim", "numeric"])
+def test_the_judge_stops_at_either_end_token_of_the_generation_config(monkeypatch, end, mode):
+    import wim.backends.decode as decode_module
+
+    loops = []
+    real = decode_module.decode
+    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: loops.append(1) or real(*a, **k))
+    model, tokenizer = _two_end_token_model(end)
+    forwards = []
+    model.register_forward_hook(lambda *args: forwards.append(1))
+    for reuse in (False, True):
+        backend = TransformersBackend(model, tokenizer, batch_size=8, reuse_prefix=reuse)
+        assert backend.end_ids() == [IM_END, END_OF_TEXT]
+        judge = BackendJudge(backend, role="external", model_name="tiny", mode=mode,
+                             criteria="accuracy", max_new_tokens=24, max_retries=0)
+        forwards.clear()
+        results = judge.judge(ITEMS[:3], seed=0)
+        assert bool(loops) == reuse  # the decoding loop after the prefix ran only with reuse
+        # Decoding stopped at the end token, not merely the text: one forward pass per token
+        # written (one batch), and with reuse one more for the prefix.
+        assert len(forwards) == results[0].completion_tokens + reuse
+        for r in results:
+            if mode == "wim":
+                # " salt", newline, "Rating:" (3 tokens), "7", the end token.
+                assert (r.raw, r.completion_tokens) == ("Missing: salt\nRating:7", 7), reuse
+                assert (r.critique, r.rating) == ("salt", 7)
+            else:  # "7", the end token
+                assert (r.raw, r.completion_tokens, r.rating) == ("Rating:7", 2, 7), reuse
+
+
+@pytest.mark.slow
+def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse(monkeypatch):
+    """A retry samples at the judge's retry temperature (0.7) with generate's top-k of 50:
+    the decoding loop after the prefix draws what `generate` on the whole prompts draws, even
+    after finished rows have left the batch."""
+    from transformers import StaticCache
+
+    kept = []
+    real_reorder = StaticCache.reorder_cache
+    monkeypatch.setattr(StaticCache, "reorder_cache",
+                        lambda self, keep: kept.append(len(keep)) or real_reorder(self, keep))
+    backend = _bundled_float32(batch_size=3)
+    texts = {}
+    for reuse in (False, True):
+        backend.reuse_prefix = reuse
+        judge = BackendJudge(backend, role="fixed", model_name="bundled", criteria="accuracy",
+                             max_new_tokens=32, max_retries=1)
+        # What `judge` asks on a retry (wim/judges.py): the retry temperature, a new seed.
+        for seed in (1, 2):
+            raws = judge._ask(ITEMS, judge.retry_temperature, seed + 7919)
+            texts[reuse, seed] = [raw for raw, *_ in raws]
+        greedy = [raw for raw, *_ in judge._ask(ITEMS, 0.0, 1)]
+    assert kept  # rows left the batch while others were still sampling
+    assert texts[True, 1] == texts[False, 1]
+    assert texts[True, 2] == texts[False, 2]
+    assert texts[True, 1] != texts[True, 2] and texts[True, 1] != greedy  # it did sample

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from wim.config import apply_overrides, config_from_dict, read_yaml
+from wim.precision import pin_dtypes
 from wim.records import (
     JsonlAppender,
     RecordsError,
@@ -162,18 +163,21 @@ def test_claim_creates_folder_and_saves_config(tmp_path):
     cfg = _config()
     run.claim(cfg)
     meta = yaml.safe_load(run.config_file.read_text())
-    assert meta["sha256"] == cfg.sha256()
+    # Saved with its `auto` dtypes resolved on this machine (wim/precision.py).
+    pinned = pin_dtypes(cfg)
+    assert pinned != cfg and pinned.policy.dtype in ("float32", "bfloat16")
+    assert meta["sha256"] == pinned.sha256()
     assert meta["data_sha256"] == identity_sha256(cfg)
     assert meta["shard"] is None
     assert "versions" in meta and "git_sha" in meta
-    assert run.load_config() == cfg
+    assert run.load_config() == pinned
 
 
 def test_claim_again_with_the_same_config(tmp_path):
     run = RunDir(tmp_path / "run")
     run.claim(_config())
     run.claim(_config())
-    assert run.load_config() == _config()
+    assert run.load_config() == pin_dtypes(_config())
 
 
 def test_claim_refuses_a_changed_data_section(tmp_path):
@@ -219,9 +223,9 @@ def test_claim_accepts_a_zeta_change(tmp_path):
     new = _config(["scoring.zeta=1", "dpo.max_steps=3", "pairs.tie_policy=first"])
     run.claim(new)
     # The saved config changes only once the new stages succeed (the CLI then saves it).
-    assert run.load_config() == _config()
+    assert run.load_config() == pin_dtypes(_config())
     run.save_config(new)
-    assert run.load_config() == new
+    assert run.load_config() == pin_dtypes(new)
     assert run.load_config().scoring.zeta == 1.0
     assert run.samples.read_bytes() == samples
 

@@ -12,22 +12,61 @@ from wim.statistics import (
     Outcomes,
     binomial_p,
     bootstrap_interval,
+    bootstrap_note,
+    decisive_interval,
     holm,
-    length_controlled_win_rate,
+    length_adjusted,
+    length_adjusted_win_rate,
+    min_attainable_p_holm,
+    power_of,
+    prompts_needed,
+    sensitivity,
     summarize,
-    wilson_interval,
     win_rate,
     with_holm,
 )
 
 # --- hand-computed small cases ---------------------------------------------------------------
 
-def test_wilson_by_hand_8_of_10():
-    # z = 1.959964; centre (0.8 + z^2/20) / (1 + z^2/10) = 0.716740,
-    # half-width z * sqrt(0.016 + z^2/400) / (1 + z^2/10) = 0.226578.
-    lo, hi = wilson_interval(8, 2, 0)
-    assert lo == pytest.approx(0.490162, abs=1e-6)
-    assert hi == pytest.approx(0.943318, abs=1e-6)
+def test_decisive_interval_is_clopper_pearson_by_hand_8_of_10():
+    # Clopper-Pearson: the beta quantiles B(0.025; 8, 3) and B(0.975; 9, 2).
+    lo, hi = decisive_interval(8, 2)
+    assert lo == pytest.approx(0.443905, abs=1e-6)
+    assert hi == pytest.approx(0.974789, abs=1e-6)
+    assert decisive_interval(0, 0) is None
+
+
+@pytest.mark.parametrize("wins, losses, ties", [(12, 2, 26), (9, 2, 0)])
+def test_the_issue_examples_interval_and_test_agree(wins, losses, ties):
+    # The issue's two cases where Wilson on wins + ties/2 contradicted the sign test:
+    # 12/2/26 (p = 0.013, Wilson covered 0.5) and 9/2/0 (p = 0.065, Wilson excluded 0.5).
+    p = binomial_p(wins, losses)
+    lo, hi = decisive_interval(wins, losses)
+    assert (p < 0.05) == (not lo <= 0.5 <= hi)
+    row = summarize("x", "a", "b", Outcomes([1.0] * wins + [0.0] * losses + [0.5] * ties,
+                                            [0.0] * (wins + losses + ties)))
+    assert "wilson_95" not in row
+    assert row["decisive_95"] == [lo, hi] and row["p_value"] == p
+    assert row["decisive_rate"] == pytest.approx(wins / (wins + losses))
+
+
+def test_power_of_the_old_compare_default():
+    # The issue: 8 prompts, 10 comparisons; the smallest sign-test p is 2 / 2^8 = 0.0078, so
+    # Holm's smallest adjusted p is 0.078 > 0.05.
+    assert min_attainable_p_holm(8, 10) == pytest.approx(10 * 2 / 256)
+    assert min_attainable_p_holm(8, 10) == pytest.approx(10 * binomtest(8, 8).pvalue)
+    assert prompts_needed(10) == 9  # 10 * 2 / 512 = 0.039 < 0.05
+    assert prompts_needed(1) == 6  # 2 / 64 = 0.031 (5 prompts: 0.0625)
+    power = power_of(8, 10)
+    assert power["min_attainable_p_holm"] > 0.05
+    assert power["power_statement"].startswith("No result of this size can be significant")
+    assert "at least 9 prompts" in power["power_statement"]
+    assert not power_of(16, 1)["power_statement"].startswith("No result")
+
+
+def test_sensitivity_counts_failures_as_losses_then_wins():
+    assert sensitivity(3, 1, 2, 4) == {"failures_as_losses": pytest.approx(4 / 10),
+                                       "failures_as_wins": pytest.approx(8 / 10)}
 
 
 def test_binomial_by_hand_1_win_4_losses():
@@ -48,10 +87,19 @@ def test_win_rate_counts_ties_as_half():
 
 # --- against the libraries on fixed inputs ---------------------------------------------------
 
-@pytest.mark.parametrize("wins, losses, ties", [(7, 5, 3), (0, 4, 1), (12, 0, 0), (3, 3, 10)])
-def test_wilson_matches_statsmodels(wins, losses, ties):
-    expected = proportion_confint(wins + ties / 2, wins + losses + ties, method="wilson")
-    assert wilson_interval(wins, losses, ties) == pytest.approx(list(expected))
+@pytest.mark.parametrize("wins, losses", [(7, 5), (0, 4), (12, 0), (3, 3), (40, 22), (1, 0)])
+def test_decisive_interval_matches_statsmodels_and_agrees_with_the_test(wins, losses):
+    expected = proportion_confint(wins, wins + losses, method="beta")  # Clopper-Pearson
+    lo, hi = decisive_interval(wins, losses)
+    assert [lo, hi] == pytest.approx(list(expected))
+    assert (binomial_p(wins, losses) < 0.05) == (not lo <= 0.5 <= hi)
+
+
+def test_interval_and_test_agree_on_every_small_record():
+    for n in range(1, 41):
+        for wins in range(n + 1):
+            lo, hi = decisive_interval(wins, n - wins)
+            assert (binomial_p(wins, n - wins) < 0.05) == (not lo <= 0.5 <= hi), (wins, n)
 
 
 @pytest.mark.parametrize("wins, losses", [(7, 5), (0, 9), (13, 2), (20, 21)])
@@ -70,26 +118,52 @@ def test_bootstrap_is_seeded_and_brackets_the_mean():
     assert a == bootstrap_interval(values, seed=3)
     # Normal approximation: 0.5 +- 1.96 * sqrt(0.25 / 40) = [0.345, 0.655].
     assert a[0] == pytest.approx(0.345, abs=0.04) and a[1] == pytest.approx(0.655, abs=0.04)
-    assert bootstrap_interval([1.0, 1.0, 1.0]) == [1.0, 1.0]
-    assert bootstrap_interval([1.0]) is None
+    # All outcomes equal: no interval (a zero-width one would read as certainty), a note.
+    assert bootstrap_interval([0.5] * 16) is None
+    assert "all 16 outcomes are equal (ties)" in bootstrap_note([0.5] * 16)
+    assert bootstrap_interval([1.0]) is None and bootstrap_note(values) is None
 
 
-def test_length_controlled_win_rate_removes_a_length_effect():
+def test_length_adjusted_win_rate_removes_a_length_effect():
     # a is longer on 15 prompts and wins 12 of them; shorter on 5 and wins 1: the raw win
     # rate 0.65 comes from length alone (longer wins 80% either way), so LC is 0.5.
     values = [1.0] * 12 + [0.0] * 3 + [1.0] * 1 + [0.0] * 4
     diffs = [100.0] * 15 + [-100.0] * 5
-    lc, note = length_controlled_win_rate(values, diffs)
+    lc, note = length_adjusted_win_rate(values, diffs)
     assert np.mean(values) == pytest.approx(0.65)
     assert lc == pytest.approx(0.5, abs=1e-4) and note is None
     # Without a length difference, LC is the raw win rate.
-    assert length_controlled_win_rate([1.0, 0.0, 1.0, 0.5], [0.0] * 4)[0] == pytest.approx(0.625)
+    assert length_adjusted_win_rate([1.0, 0.0, 1.0, 0.5], [0.0] * 4)[0] == pytest.approx(0.625)
 
 
-def test_length_controlled_win_rate_survives_separation():
+def test_length_adjusted_win_rate_survives_separation():
     # The longer answer always wins: plain maximum likelihood has no finite answer.
-    lc, note = length_controlled_win_rate([1.0, 1.0, 0.0, 0.0, 1.0], [5.0, 3.0, -2.0, -4.0, 1.0])
+    lc, note = length_adjusted_win_rate([1.0, 1.0, 0.0, 0.0, 1.0], [5.0, 3.0, -2.0, -4.0, 1.0])
     assert lc is not None and 0.0 < lc < 1.0 and "regularized" in note
+
+
+def test_length_adjusted_reports_slope_interval_and_small_n():
+    values = [1.0] * 12 + [0.0] * 3 + [1.0] * 1 + [0.0] * 4
+    diffs = [100.0] * 15 + [-100.0] * 5
+    out = length_adjusted(values, diffs, seed=1, resamples=100)
+    assert out["length_adjusted_win_rate"] == pytest.approx(0.5, abs=1e-4)
+    assert out["length_slope"] > 0  # longer answers win more often here
+    lo, hi = out["length_adjusted_95"]
+    assert lo < 0.5 < hi
+    assert "n = 20 < 50" in out["length_note"]
+    big = length_adjusted(values * 3, diffs * 3, seed=1, resamples=50)
+    assert big["length_note"] is None
+
+
+def test_summarize_splits_ties_and_measures_order_agreement():
+    # The issue's quickstart case: "Verdict: A" in both orders on all 16 prompts.
+    out = Outcomes([0.5] * 16, [1.0] * 16, tie_kinds=["order_disagreement"] * 16,
+                   order_agreement=[False] * 16)
+    row = summarize("policy vs base", "policy", "base", out)
+    assert row["ties_split"] == {"real": 0, "order_disagreement": 16, "identical": 0}
+    assert row["order_agreement"] == 0.0 and row["orders_compared"] == 16
+    assert row["bootstrap_95"] is None and "equal" in row["bootstrap_note"]
+    assert row["decisive_95"] is None and row["p_value"] == 1.0
 
 
 def test_summarize_and_holm_fill_the_schema():

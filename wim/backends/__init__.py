@@ -15,25 +15,32 @@ from wim.backends.base import Backend, Completion, Conversation, SamplingParams,
 from wim.backends.transformers_backend import TransformersBackend
 
 __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "TransformersBackend",
-           "open_backend", "sample_seed"]
+           "open_backend", "open_http_backend", "sample_seed"]
 
 
 def open_backend(kind: str, model: str, cfg, batch_size: int = 8,
-                 adapter: str | None = None) -> Backend:
+                 adapter: str | None = None, dtype: str = "auto") -> Backend:
     """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config).
 
-    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that)."""
+    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that).
+    `dtype`: what a transformers model computes in (wim/precision.py); the others ignore it."""
     if kind == "transformers":
-        return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter)
+        return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter,
+                                        dtype=dtype)
     if kind == "llama_cpp":
         from wim.backends.llama_cpp_backend import LlamaCppBackend
 
         return LlamaCppBackend.load(model)
     if kind == "http":
-        from wim.backends.http_backend import HTTPBackend
-
-        h = cfg.http
-        return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
-                           concurrency=h.concurrency, timeout_s=h.timeout_s,
-                           max_retries=h.max_retries, context_tokens=h.context_tokens)
+        return open_http_backend(cfg.http, model)
     raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")
+
+
+def open_http_backend(h, model: str = "") -> Backend:
+    """An HTTPBackend from an `http:` section (an HTTPConfig); `h.model`, else `model`, is
+    the name sent."""
+    from wim.backends.http_backend import HTTPBackend
+
+    return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
+                       concurrency=h.concurrency, timeout_s=h.timeout_s,
+                       max_retries=h.max_retries, context_tokens=h.context_tokens)

@@ -56,6 +56,8 @@ class Backend(ABC):
     supports_json_schema: bool = False
     #: Tokens the model attends to (prompt + generated); None when unknown (inputs unchecked).
     context_tokens: int | None = None
+    #: The floating-point type a local model computes in; None for a server or llama.cpp.
+    dtype: str | None = None
 
     def count_tokens(self, conversation: Conversation, prefill: str | None = None) -> int:
         """Prompt tokens of a conversation. This default, for backends without a tokenizer,

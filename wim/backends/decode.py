@@ -6,25 +6,81 @@ so on a CPU about a quarter of its decoding steps went into rows that were alrea
 finished row is dropped from the batch, its KV cache rows with it (`Cache.reorder_cache`), once
 a quarter of the live rows are done (dropping copies the cache, so not after every row).
 
-What each step computes is what `generate` computes: the logits of the last position in
-float32, the warpers of `transformers` (temperature, top-p), then the caller's logits
-processors, argmax or a multinomial draw, and the caller's stopping criteria. Greedy outputs
-equal `generate`'s up to float rounding (tests/wim/test_prefix_cache.py compares them).
-Processors and criteria that keep per-row state (wim/backends/guided.py's `FormatGuide`) are
-told which rows stay through their `keep_rows(indices)`.
+What each step computes is what `generate` (transformers 5.24, `GenerationMixin._sample`)
+computes: the logits of the last position in float32; the caller's logits processors; when
+sampling, the warpers in generate's order (temperature, top-k, top-p), with top-k as generate
+fills it in (the model's generation config, else its default of 50); argmax or one multinomial
+draw over every row of the batch, finished and dropped rows included, so that a seed draws the
+same tokens as in `generate`; the end tokens of the model's generation config (a list: Llama-3
+and Qwen list several) and the caller's stopping criteria. tests/wim/test_prefix_cache.py
+compares greedy and sampled outputs with `generate`'s. Settings of a generation config that
+this loop does not apply (a repetition penalty, min-p, ...) are named by `unsupported_settings`;
+the backend then hands the pre-filled cache to `generate` instead. Processors and criteria that
+keep per-row state (wim/backends/guided.py's `FormatGuide`) are told which rows stay through
+their `keep_rows(indices)`.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 PRUNE_FRACTION = 0.25
 """Drop finished rows once they are this share of the live rows (each drop copies the cache)."""
 
+# Settings `generate` would turn into logits processors or stopping rules that this loop has
+# not: with any of them away from its default, the loop would compute something else.
+_NOT_APPLIED = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length",
+                "min_new_tokens", "typical_p", "min_p", "top_h", "epsilon_cutoff", "eta_cutoff",
+                "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
+                "forced_eos_token_id", "exponential_decay_length_penalty", "sequence_bias",
+                "renormalize_logits", "watermarking_config", "encoder_repetition_penalty")
+
+
+def _default(key: str):
+    return GenerationConfig._get_default_generation_params().get(key)
+
+
+def unsupported_settings(config: GenerationConfig) -> list[str]:
+    """The settings of a model's generation config that `generate` applies and `decode` not."""
+    found = []
+    for key in _NOT_APPLIED:
+        value = getattr(config, key, None)
+        if value is not None and value != _default(key) and value is not False:
+            found.append(key)
+    return found
+
+
+def end_tokens(config: GenerationConfig) -> list[int]:
+    """The end-of-sequence ids of a generation config, as a list (it may hold one int)."""
+    ids = config.eos_token_id
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+def sampling_warpers(config: GenerationConfig, temperature: float, top_p: float) -> list:
+    """What `generate` appends after the caller's processors when it samples at
+    `temperature` and `top_p`: temperature, top-k (from `config`, else generate's default),
+    top-p; each only where it changes anything (transformers' `_get_logits_processor`)."""
+    top_k = config.top_k if config.top_k is not None else _default("top_k")
+    warpers: list = []
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p))
+    return warpers
+
 
 def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_tokens: int,
-           eos_id: int | None, pad_id: int, temperature: float = 0.0, top_p: float = 1.0,
+           eos_ids: list[int], pad_id: int, temperature: float = 0.0, top_p: float = 1.0,
            processors=(), criteria=()) -> torch.Tensor:
     """New tokens for each row of `input_ids` ([rows, max_new_tokens], `pad_id` after a row's
     end), continuing from `cache`, which already holds the first `cached` positions.
@@ -32,18 +88,16 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
     `attention_mask` marks the real tokens of `input_ids` (it may have holes: a shared prefix,
     padding, then the row's own tokens); position ids follow from it, as in `generate`.
     `cache` must have room for `input_ids` and `max_new_tokens` more (a `StaticCache`).
+    `temperature` 0 is greedy; otherwise the warpers come from `model.generation_config`.
     """
     rows, width = input_ids.shape
     device = input_ids.device
-    capacity = width + max_new_tokens
-    mask = torch.zeros(rows, capacity, dtype=attention_mask.dtype, device=device)
+    mask = torch.zeros(rows, width + max_new_tokens, dtype=attention_mask.dtype, device=device)
     mask[:, :width] = attention_mask
     positions = attention_mask.long().cumsum(-1) - 1
-    warpers = []
-    if temperature > 0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-        if top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p))
+    sampling = temperature > 0
+    warpers = sampling_warpers(model.generation_config, temperature, top_p) if sampling else []
+    ends = torch.tensor(eos_ids, dtype=torch.long, device=device)
     out = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # original row of each row still in the batch
     sequences = input_ids
@@ -51,33 +105,26 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
     step_positions = positions[:, cached:].clamp(min=0)
     done_since_prune = torch.zeros(rows, dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
-        start = cached if step == 0 else width + step - 1
-        end = width + step
         logits = model(input_ids=step_ids, attention_mask=mask,
                        position_ids=step_positions, cache=cache, use_cache=True,
-                       cache_position=torch.arange(start, end, device=device),
                        logits_to_keep=1).logits
         scores = logits[:, -1, :].to(torch.float32)
-        for warper in warpers:
-            scores = warper(sequences, scores)
-        for processor in processors:
+        for processor in (*processors, *warpers):  # generate's order
             scores = processor(sequences, scores)
-        if temperature > 0:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
+        if sampling:
+            tokens = _draw(torch.softmax(scores, dim=-1), live, rows)
         else:
             tokens = scores.argmax(dim=-1)
         # A finished row still in the batch writes padding, as in `generate`.
         tokens = tokens.masked_fill(done_since_prune, pad_id)
         out[live, step] = tokens
         sequences = torch.cat([sequences, tokens[:, None]], dim=1)
-        finished = done_since_prune.clone()
-        if eos_id is not None:
-            finished |= tokens == eos_id
+        finished = done_since_prune | torch.isin(tokens, ends)
         for criterion in criteria:
             finished |= criterion(sequences, scores).to(device)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
-        mask[:, end] = 1
+        mask[:, width + step] = 1
         step_ids = tokens[:, None]
         step_positions = positions[:, -1:] + 1
         positions = torch.cat([positions, step_positions], dim=1)
@@ -92,3 +139,15 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
                     stateful.keep_rows(keep.tolist())
             done_since_prune = torch.zeros(len(keep), dtype=torch.bool, device=device)
     return out
+
+
+def _draw(probs: torch.Tensor, live: torch.Tensor, rows: int) -> torch.Tensor:
+    """One multinomial draw per live row, made over a batch of all `rows` rows (dropped rows
+    uniform): torch draws each row from the random stream by its place in the batch, so a
+    smaller batch would give the rows that stay other tokens than `generate` gives them."""
+    if len(live) == rows:
+        return torch.multinomial(probs, 1).squeeze(1)
+    full = torch.full((rows, probs.shape[1]), 1.0 / probs.shape[1], dtype=probs.dtype,
+                      device=probs.device)
+    full[live] = probs
+    return torch.multinomial(full, 1).squeeze(1)[live]

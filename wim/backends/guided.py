@@ -36,20 +36,22 @@ class FormatGuide(LogitsProcessor):
 
     def __init__(self, tokenizer, prompt_len: int, batch: int, label: str = "Rating:",
                  max_critique_tokens: int = 40, max_value_tokens: int = 3,
-                 choices: tuple[str, ...] = ()) -> None:
+                 choices: tuple[str, ...] = (), end_ids: list[int] | None = None) -> None:
         self.prompt_len = prompt_len
         self.label_ids = tokenizer.encode(label, add_special_tokens=False)
         self.newline_label_ids = tokenizer.encode("\n" + label, add_special_tokens=False)
         self.max_critique_tokens = max_critique_tokens
         self.max_value_tokens = max_value_tokens
-        self.eos = tokenizer.eos_token_id
+        # The tokens that end the turn: the model's generation config may list several.
+        eos = tokenizer.eos_token_id
+        self.end_ids = sorted(set(end_ids if end_ids else [] if eos is None else [eos]))
         self.newline_ids, self.text_ids, number_ids, digit_ids = _token_classes(tokenizer)
         self.newline_list = sorted(self.newline_ids)
         self.number_list = sorted(number_ids)
         # The value: digits only (as a server's JSON schema asks for an integer); after the
         # first digit, also the end of the line or of the turn.
         self.digit_list = sorted(digit_ids)
-        ends = [*self.newline_list, *([self.eos] if self.eos is not None else [])]
+        ends = [*self.newline_list, *self.end_ids]
         self.digit_or_end = sorted({*self.digit_list, *ends})
         self.rows = [_Row() for _ in range(batch)]
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
@@ -97,7 +99,7 @@ class FormatGuide(LogitsProcessor):
         elif row.phase == 2:
             row.count += 1
             row.value.append(token)
-            if (token in self.newline_ids or token == self.eos
+            if (token in self.newline_ids or token in self.end_ids
                     or row.count >= self.max_value_tokens or self._value_done(row.value)):
                 row.phase = 3
 
@@ -121,9 +123,9 @@ class FormatGuide(LogitsProcessor):
                     kept.zero_()
                 scores[i, :] = float("-inf")
                 scores[i, allowed] = kept
-            elif row.phase == 0 and self.eos is not None:
+            elif row.phase == 0:
                 # The critique may not end the turn: the rating has to follow it.
-                scores[i, self.eos] = float("-inf")
+                scores[i, self.end_ids] = float("-inf")
                 if not row.seen_text:
                     # Nor start with a newline, or with a number: a critique names what is
                     # missing, while a small judge that starts with "10 = ..." copies the
@@ -139,7 +141,7 @@ class FormatGuide(LogitsProcessor):
             if row.phase == 2:
                 # The last token has not been seen by __call__ yet; peek at it.
                 token = int(input_ids[i, -1])
-                finished = (token in self.newline_ids or token == self.eos
+                finished = (token in self.newline_ids or token in self.end_ids
                             or row.count + 1 >= self.max_value_tokens
                             or self._value_done([*row.value, token]))
                 rows.append(finished and input_ids.shape[1] - self.prompt_len > 0)

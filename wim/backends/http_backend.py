@@ -1,11 +1,14 @@
 """Generation over HTTP from OpenAI-compatible servers (vLLM, SGLang, TGI, llama.cpp, OpenAI).
 
-One request per sample (`n=1`), sent concurrently from a thread pool, round-robin over the base
-URLs. A request that fails with a connect error, a timeout, 429, 5xx or a malformed body is
-retried with exponential backoff on the next URL; other 4xx are not retried. After
-`max_retries` retries it becomes `Completion(ok=False, error=...)`: the backend never raises
-for a request and never waits without a timeout. The API key is read once from an environment
-variable and appears only in the Authorization header, never in reprs, errors or logs.
+Samples of one prompt come from one request with `n=k` (vLLM, SGLang and OpenAI take it; the
+server then reads the prompt once), sent concurrently from a thread pool, round-robin over the
+base URLs. A server that refuses `n` (a 4xx naming it) or answers with fewer choices gets the
+missing samples as single requests (`n=1`) from then on, counted (`stats["n_fallback"]`).
+A request that fails with a connect error, a timeout, 429, 5xx or a malformed body is retried
+with exponential backoff on the next URL; other 4xx are not retried. After `max_retries`
+retries it becomes `Completion(ok=False, error=...)`: the backend never raises for a request
+and never waits without a timeout. The API key is read once from an environment variable and
+appears only in the Authorization header, never in reprs, errors or logs.
 
 Guided judge format: with `SamplingParams.json_schema` the request carries a `response_format`,
 first in OpenAI's form (`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, llama.cpp's
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +46,13 @@ class _Failure:
     retry: bool
     refused_format: bool = False
     """A 4xx whose body names the response format: the server does not take it."""
+    refused_n: bool = False
+    """A 4xx to a request with n > 1 whose body names `n`: the server takes one sample only."""
+
+
+_N_REFUSED = "the server refused n > 1"
+# A refusal of n names the field: "'n' must be 1", "n must be 1", "unsupported parameter: n".
+_NAMES_N = re.compile(r"""['"`]n['"`]|\bn (?:must|should|is|>|<|=)|\bn\s*[:=]|parameter:? n\b""")
 
 
 # The forms of `response_format` tried in order (see the module docstring).
@@ -94,8 +105,10 @@ class HTTPBackend(Backend):
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.context_tokens = context_tokens  # prompts are measured with the base estimate
-        self.stats = {"requests": 0, "retries": 0, "failures": 0, "guided_refused": 0}
+        self.stats = {"requests": 0, "retries": 0, "failures": 0, "guided_refused": 0,
+                      "n_fallback": 0}
         self._refused: set[str] = set()  # response_format forms this server refused
+        self._single = False  # the server refused n > 1: one request per sample from now on
         self._lock = threading.Lock()
         self._next = 0
         self._jitter = random.Random()  # jitter only spreads retries; it never touches results
@@ -129,19 +142,44 @@ class HTTPBackend(Backend):
     ) -> list[list[Completion]]:
         if prefill:
             raise ValueError("the http backend cannot prefill the assistant turn")
-        results: list[list[Completion | None]] = [[None] * n for _ in conversations]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="wim-http") as pool:
-            futures = [
-                (i, j, pool.submit(self.complete, conv, params, sample_seed(seed, i, j)))
-                for i, conv in enumerate(conversations)
-                for j in range(n)
-            ]
-            for i, j, future in futures:
-                results[i][j] = future.result()  # complete() never raises
-        return results  # type: ignore[return-value]
+            futures = [pool.submit(self._samples, conv, params, n, seed, i)
+                       for i, conv in enumerate(conversations)]
+            return [future.result() for future in futures]  # _samples() never raises
 
-    def complete(self, messages: Conversation, params: SamplingParams, seed: int) -> Completion:
-        """One chat completion with retries; a failure comes back as `ok=False`."""
+    def _samples(self, conv: Conversation, params: SamplingParams, n: int, seed: int,
+                 index: int) -> list[Completion]:
+        """The n samples of one conversation: one request with n, where the server takes it;
+        the samples it did not give come as single requests with their own seeds."""
+        got: list[Completion] = []
+        if n > 1 and not self._single:
+            got = self.complete(conv, params, sample_seed(seed, index, 0), n=n)
+            if got[0].ok and len(got) >= n:
+                return got[:n]
+            if got[0].ok or got[0].error == _N_REFUSED:
+                self._fall_back(len(got) if got[0].ok else 0, n)
+            if not got[0].ok:
+                if got[0].error != _N_REFUSED:
+                    return got + [got[0]] * (n - 1)  # a failed request fails its n samples
+                got = []
+        got += [self.complete(conv, params, sample_seed(seed, index, j))[0]
+                for j in range(len(got), n)]
+        return got
+
+    def _fall_back(self, gave: int, n: int) -> None:
+        with self._lock:
+            new = not self._single
+            self._single = True
+            self.stats["n_fallback"] += 1
+        if new:
+            logger.warning("the server gave %d of n=%d samples in one request; asking once per "
+                           "sample from now on", gave, n)
+
+    def complete(self, messages: Conversation, params: SamplingParams, seed: int,
+                 n: int = 1) -> list[Completion]:
+        """The choices of one chat-completion request (up to `n`), with retries; a failure
+        comes back as one `ok=False` completion (error `_N_REFUSED` when the server refused
+        n > 1)."""
         payload: dict = {
             "model": self.model,
             "messages": messages,
@@ -149,7 +187,7 @@ class HTTPBackend(Backend):
             "temperature": params.temperature,
             "top_p": params.top_p,
             "seed": seed,
-            "n": 1,
+            "n": n,
         }
         if params.stop:
             payload["stop"] = list(params.stop)
@@ -166,8 +204,10 @@ class HTTPBackend(Backend):
                 outcome = self._attempt(url, payload)
             except Exception as exc:  # never raise out of a worker thread
                 outcome = _Failure(f"{type(exc).__name__} from {url}: {exc}", retry=False)
-            if isinstance(outcome, Completion):
+            if isinstance(outcome, list):
                 return outcome
+            if n > 1 and outcome.refused_n:
+                return [Completion("", ok=False, error=_N_REFUSED)]
             if form is not None and outcome.refused_format:
                 self._refuse(form, outcome.reason)
                 continue  # the same attempt again, with the next form or plain text
@@ -182,9 +222,9 @@ class HTTPBackend(Backend):
         tries = attempt
         error = self._scrub(f"{failure.reason} (after {tries} attempt{'s' * (tries > 1)})")
         logger.warning("http request failed: %s", error)
-        return Completion("", ok=False, error=error)
+        return [Completion("", ok=False, error=error)]
 
-    def _attempt(self, url: str, payload: dict) -> Completion | _Failure:
+    def _attempt(self, url: str, payload: dict) -> list[Completion] | _Failure:
         import httpx
 
         # httpx timeouts bound each connect and each read; the deadline bounds the whole body,
@@ -212,8 +252,10 @@ class HTTPBackend(Backend):
             refused = ((400 <= status < 500 and status != 429
                         and any(w in text for w in _FORMAT_WORDS))
                        or (status >= 500 and "response_format" in text))
+            refused_n = (payload["n"] > 1 and 400 <= status < 500 and status != 429
+                         and _NAMES_N.search(text) is not None)
             return _Failure(f"HTTP {status} from {url}: {snippet}", retry=retry,
-                            refused_format=refused)
+                            refused_format=refused and not refused_n, refused_n=refused_n)
         return _parse(body, url)
 
     def _guided_form(self, payload: dict, schema: dict | None) -> str | None:
@@ -262,19 +304,28 @@ class HTTPBackend(Backend):
         self._client.close()
 
 
-def _parse(body: bytes, url: str) -> Completion | _Failure:
-    """A Completion from a chat-completion body, or a retryable failure if it is malformed."""
+def _parse(body: bytes, url: str) -> list[Completion] | _Failure:
+    """The choices of a chat-completion body, or a retryable failure if it is malformed.
+
+    The prompt is read once per request, so its tokens go to the first choice; the completion
+    tokens (one total in `usage`) are shared out by the choices' text lengths."""
     try:
         data = json.loads(body)
-        text = data["choices"][0]["message"]["content"]
+        texts = [choice["message"]["content"] for choice in data["choices"]]
         usage = data.get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        if not texts:
+            raise IndexError("no choices")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         snippet = body[:_BODY_SNIPPET].decode("utf-8", errors="replace")
         return _Failure(
             f"malformed response from {url} ({type(exc).__name__}): {snippet}", retry=True
         )
-    if not isinstance(text, str):
+    if not all(isinstance(t, str) for t in texts):
         return _Failure(f"malformed response from {url}: message content is not text", retry=True)
-    return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    weights = [len(t) + 1 for t in texts]
+    shares = [completion_tokens * w // sum(weights) for w in weights]
+    shares[0] += completion_tokens - sum(shares)  # the rounding remainder, so the sum is exact
+    return [Completion(t, prompt_tokens=prompt_tokens if i == 0 else 0, completion_tokens=c)
+            for i, (t, c) in enumerate(zip(texts, shares, strict=True))]

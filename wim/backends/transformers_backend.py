@@ -26,11 +26,14 @@ class TransformersBackend(Backend):
 
     def __init__(
         self, model, tokenizer, batch_size: int = 8, label: str = "", without_adapter: bool = False,
-        reuse_prefix: bool = True,
+        reuse_prefix: bool = True, drop_finished: bool = True,
     ) -> None:
         self.model = model
         self.reuse_prefix = reuse_prefix
         """Read a prefix shared by all prompts of a call once (prefix_cache.py)."""
+        self.drop_finished = drop_finished
+        """After a shared prefix, decode with decode.py's loop, finished rows leaving the batch;
+        False: transformers' `generate` on the pre-filled cache."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.label = label
@@ -40,11 +43,11 @@ class TransformersBackend(Backend):
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None
-             ) -> TransformersBackend:
-        """Load `name` (and attach the LoRA `adapter` folder, if given) through
+    def load(cls, name: str, batch_size: int = 8, adapter: str | None = None,
+             dtype: str = "auto") -> TransformersBackend:
+        """Load `name` (and attach the LoRA `adapter` folder, if given) in `dtype` through
         `wim.models.load_causal_lm`, the same path the pipeline uses."""
-        model, tokenizer = load_causal_lm(name, adapter=adapter)
+        model, tokenizer = load_causal_lm(name, adapter=adapter, dtype=dtype)
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
@@ -61,7 +64,12 @@ class TransformersBackend(Backend):
             )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True,
-                                   reuse_prefix=self.reuse_prefix)
+                                   reuse_prefix=self.reuse_prefix, drop_finished=self.drop_finished)
+
+    @property
+    def dtype(self) -> str:
+        """What the model computes in: `float32` or `bfloat16` (recorded in the stage stats)."""
+        return str(self.model.dtype).removeprefix("torch.")
 
     @property
     def context_tokens(self) -> int | None:
@@ -127,16 +135,21 @@ class TransformersBackend(Backend):
         return enc.input_ids.to(self.model.device), enc.attention_mask.to(self.model.device), None
 
     def _generate(self, input_ids, attention_mask, params: SamplingParams, n: int, processors,
-                  criteria):
-        """New tokens from `transformers`' own `generate` (n samples per row)."""
+                  criteria, cache=None):
+        """New tokens from `transformers`' own `generate` (n samples per row); with `cache`
+        (holding the shared prefix) it reads only the uncached tail of `input_ids`."""
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=params.temperature > 0,
-                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id)
+                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id,
+                      eos_token_id=self.end_ids())
         if params.temperature > 0:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         if processors:
             kwargs.update(logits_processor=processors, stopping_criteria=criteria)
+        if cache is not None:
+            # No compilation: on CUDA a static cache would recompile for every batch shape.
+            kwargs.update(cache=cache, disable_compile=True)
         out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out[:, input_ids.shape[1]:]
 
@@ -150,9 +163,32 @@ class TransformersBackend(Backend):
             criteria = [*criteria, StopStringCriteria(self.tokenizer, list(params.stop))]
         return decode(self.model, input_ids, attention_mask, cache,
                       cached=int(cache.get_seq_length()), max_new_tokens=params.max_new_tokens,
-                      eos_id=self.tokenizer.eos_token_id,
-                      pad_id=self.tokenizer.pad_token_id, temperature=params.temperature,
-                      top_p=params.top_p, processors=processors, criteria=criteria)
+                      eos_ids=self.end_ids(), pad_id=self.tokenizer.pad_token_id,
+                      temperature=params.temperature, top_p=params.top_p,
+                      processors=processors, criteria=criteria)
+
+    def end_ids(self) -> list[int]:
+        """The tokens that end a completion: the model's generation config lists them (Llama-3
+        and Qwen list several), else the tokenizer's end-of-sequence token. Both decoding paths
+        and the token count use this one list."""
+        from wim.backends.decode import end_tokens
+
+        ids = end_tokens(self.model.generation_config)
+        eos = self.tokenizer.eos_token_id
+        return ids or ([eos] if eos is not None else [])
+
+    def _use_loop(self) -> bool:
+        """decode.py's loop, unless the model's generation config asks `generate` for settings
+        the loop does not apply (then `generate` decodes from the pre-filled cache)."""
+        from wim.backends.decode import unsupported_settings
+
+        if not self.drop_finished:
+            return False
+        unsupported = unsupported_settings(self.model.generation_config)
+        if unsupported:
+            logger.debug("generation config sets %s: generate decodes after the prefix",
+                         unsupported)
+        return not unsupported
 
     def _generate_batch(self, inputs, params: SamplingParams, n: int):
         import torch
@@ -164,22 +200,23 @@ class TransformersBackend(Backend):
             from wim.backends.guided import FormatGuide
 
             guide = FormatGuide(self.tokenizer, input_ids.shape[1], rows * n,
-                                label=params.guide_label,
+                                label=params.guide_label, end_ids=self.end_ids(),
                                 max_critique_tokens=max(1, params.max_new_tokens - 6),
                                 choices=params.guide_choices)
             processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context():
-            if cache is not None:  # after a shared prefix: finished rows leave the batch
+            if cache is not None and self._use_loop():  # finished rows leave the batch
                 new = self._decode_after_prefix(inputs, params, processors, criteria)
             else:
-                new = self._generate(input_ids, attention_mask, params, n, processors, criteria)
+                new = self._generate(input_ids, attention_mask, params, n, processors, criteria,
+                                     cache)
         results = []
         for row in range(rows):
             prompt_tokens = int(attention_mask[row].sum())
             completions = []
             for j in range(n):
                 ids = new[row * n + j]
-                count = _count_generated(ids, self.tokenizer)
+                count = _count_generated(ids, self.end_ids(), self.tokenizer.pad_token_id)
                 text = self.tokenizer.decode(ids[:count], skip_special_tokens=True)
                 text = _cut_at_stop(text, params.stop)
                 completions.append(Completion(text, prompt_tokens, count))
@@ -247,14 +284,13 @@ def _has_lora_layers(model) -> bool:
     return any("lora_" in name for name, _ in model.named_modules())
 
 
-def _count_generated(ids, tokenizer) -> int:
-    """Generated tokens up to and including the first end-of-sequence token."""
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id
-    stops = {t for t in (eos, pad) if t is not None}
+def _count_generated(ids, end_ids: list[int], pad_id: int | None) -> int:
+    """Generated tokens up to and including the first end token (padding after it)."""
     for i, token in enumerate(ids.tolist()):
-        if token in stops:
-            return i + 1 if token == eos else i
+        if token in end_ids:
+            return i + 1
+        if token == pad_id:
+            return i
     return len(ids)
 
 

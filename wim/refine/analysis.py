@@ -13,29 +13,37 @@ from __future__ import annotations
 
 import math
 
+GRID_DECIMALS = 9
+"""Differences are rounded to this many decimals before testing (see `paired_test`)."""
+
 
 def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
-    """Test a vs b paired (same questions); mean difference a - b and the p-value."""
+    """Test a vs b paired (same questions); mean difference a - b and the p-value.
+
+    Blind scores lie on a grid ((N - 1) / 9), but their float differences do not: two equal
+    differences come out as distinct floats and a zero as a tiny signed number, so a rank test
+    would rank rounding noise. The differences are rounded to GRID_DECIMALS decimals first,
+    which maps them back onto the grid: the p-value is scipy's on the integer differences."""
     from scipy import stats
 
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    diffs = [round(x - y, GRID_DECIMALS) + 0.0 for x, y in zip(a, b, strict=True)]
     out = {"n": len(diffs), "mean_diff": sum(diffs) / len(diffs) if diffs else None,
            "test": test, "statistic": None, "p": None, "note": ""}
     if len(diffs) < 2:
         out["note"] = "fewer than two paired questions"
         return out
-    if all(abs(d) < 1e-12 for d in diffs):
+    if all(d == 0 for d in diffs):
         out["note"] = "all differences are zero"
         return out
-    if test == "ttest" and max(diffs) - min(diffs) < 1e-12:
+    if test == "ttest" and max(diffs) == min(diffs):
         out["note"] = "the differences are constant (no variance for a t-test)"
         return out
     if test == "wilcoxon":
-        res = stats.wilcoxon(a, b, zero_method="wilcox")
-    elif test == "ttest":
-        res = stats.ttest_rel(a, b)
+        res = stats.wilcoxon(diffs, zero_method="wilcox")
+    elif test == "ttest":  # ttest_rel(a, b) is this test of a - b
+        res = stats.ttest_1samp(diffs, 0.0)
     else:
         raise ValueError(f"unknown paired test '{test}': expected wilcoxon or ttest")
     out["statistic"], out["p"] = float(res.statistic), float(res.pvalue)
@@ -97,11 +105,32 @@ def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[
     return holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
 
 
+# What must be equal in the two arms of the 2x2: anything else would be a confound.
+SAME_IN_BOTH_ARMS = {"blind evaluator": ("blind", "model"), "policy": ("policy",),
+                     "seed": ("seed",), "attempt cap": ("max_attempts",)}
+
+
+def _setting(summary: dict, path: tuple[str, ...]):
+    value = summary
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            raise ValueError(f"a refine summary lacks '{'.'.join(path)}' (written by an older "
+                             "wim refine?); run `wim refine` again")
+        value = value[key]
+    return value
+
+
 def interaction_from_summaries(same: dict, cross: dict, test: str = "ttest") -> dict:
     """The 2x2 analysis of two `wim refine` summaries on the same prompts: one with the same
-    model as E_L (refine.evaluator: same), one with another model (the cross-model arm)."""
+    model as E_L (refine.evaluator: same), one with another model (the cross-model arm). The
+    two runs must differ only in E_L: same prompts, blind evaluator, policy, seed, cap."""
     if same["per_question"]["prompt_ids"] != cross["per_question"]["prompt_ids"]:
         raise ValueError("the two refine runs must cover the same prompts in the same order")
+    for what, path in SAME_IN_BOTH_ARMS.items():
+        a, b = _setting(same, path), _setting(cross, path)
+        if a != b:
+            raise ValueError(f"the two refine runs differ in the {what} ({a!r} vs {b!r}), a "
+                             "confound of the E_L effect; run both arms with the same one")
     cells, keep = {}, None
     for arm, summary in (("same", same), ("cross", cross)):
         blind = summary["per_question"]["blind"]

@@ -43,6 +43,7 @@ def refine(args: argparse.Namespace) -> int:
         result = summary.summarize(cfg, prompts, trajectories, outcomes, scores, info)
         result["blind"] = {"model": blind.model_name, "mode": "pointwise", "failed": failed}
         result["loop_evaluator"] = el_name
+        result["policy"], result["seed"] = cfg.policy.model, cfg.seed  # for refine-2x2 checks
         pairs = summary.refinement_pairs(cfg, prompts, trajectories, outcomes, scores)
         from wim.records import write_records_atomic
 

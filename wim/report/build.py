@@ -13,7 +13,15 @@ from typing import Any
 from wim.config import Config
 from wim.metrics import domain_name, judge_statistics, pair_statistics
 from wim.records import RecordsError, read_keyed
-from wim.report.sections import collect_rounds, evaluation_lines, md_cell, rounds_lines
+from wim.report.sections import (
+    agreement_lines,
+    collect_rounds,
+    evaluation_lines,
+    md_cell,
+    read_agreement,
+    rounds_lines,
+    source_lines,
+)
 from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
 
@@ -29,7 +37,7 @@ SMALL_JUDGE_NOTE = (
 
 def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    for stage in ("generate", "judge", "score", "pairs", "train"):
+    for stage in ("generate", "judge", "score", "pairs", "train", "eval"):
         path = run.file("stats") / f"{stage}.json"
         if path.exists():
             stats = json.loads(path.read_text())
@@ -43,12 +51,19 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report["tokens/generated"] = report.get("tokens/policy/out", 0)
     report["judge/role"] = cfg.judge.role
     report["judge/model"] = judgements[0]["judge_model"] if judgements else None
+    served = sorted({j["judge_served_model"] for j in judgements if j.get("judge_served_model")})
+    if served:
+        report["judge/served_model"] = ", ".join(served)
     report["judge/mode"] = cfg.judge.mode
     report["policy/model"] = cfg.policy.model
     report["score/embedder"] = cfg.scoring.embedder
     report["judge/prompt"] = cfg.judge.prompt
     report["score/on_parse_failure"] = cfg.judge.on_parse_failure
     report["score/zeta"] = cfg.scoring.zeta
+    agreement = read_agreement(run)
+    for system, row in (agreement or {}).get("systems", {}).items():
+        for key in ("accuracy", "tie_share", "n", "failures"):
+            report[f"agreement/{system}/{key}"] = row.get(key)
     rounds = collect_rounds(cfg, run, report.get("rounds"))
     if rounds:
         report["rounds"] = rounds
@@ -66,7 +81,7 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
     evaluation = read_evaluation(run)
     plots = make_plots(cfg, run, clean, evaluation)
-    markdown = render_markdown(clean, cfg, plots, evaluation)
+    markdown = render_markdown(clean, cfg, plots, evaluation, read_agreement(run))
     run.file("report.md").write_text(markdown)
     entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
     run.file("report.html").write_text(
@@ -106,7 +121,7 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
     ]
     if is_small_judge(r):
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
-    return lines + [
+    return lines + source_lines(r) + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
         f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
@@ -130,12 +145,15 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]],
-                    evaluation: dict[str, Any] | None = None) -> str:
-    """The report as markdown; `plots` are (file, caption) pairs; `evaluation` is eval.json."""
+                    evaluation: dict[str, Any] | None = None,
+                    agreement: dict[str, Any] | None = None) -> str:
+    """The report as markdown; `plots` are (file, caption) pairs; `evaluation` is eval.json;
+    `agreement` is agreement.json."""
     systems = [("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"),
                ("mixed", f"mixed (zeta={cfg.scoring.zeta:g})")]
     systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
-    lines = _summary_lines(r) + [
+    # The answer to "did training help?" (with its power and warnings) comes first.
+    lines = _summary_lines(r) + evaluation_lines(evaluation) + [
         "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
         "",
         "| metric | " + " | ".join(label for _, label in systems) + " |",
@@ -171,6 +189,7 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
             deltas = [_fmt(r.get(f"domain/{d}/delta/{s}")) for s in names]
             lines.append(f"| {md_cell(domain_name(d) or '(none)')} | "
                          + " | ".join(ties + deltas) + " |")
+    lines += agreement_lines(agreement)
     lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
     for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
         lines.append(f"| {key} | {_fmt(r[key])} |")
@@ -180,7 +199,6 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
                   f"{_fmt(r.get('train/loss_first'))} -> {_fmt(r.get('train/loss_last'))}; "
                   f"LoRA weight change (L2) {_fmt(r.get('train/lora_delta_norm'))}."]
     lines += rounds_lines(r.get("rounds"))
-    lines += evaluation_lines(evaluation)
     if plots:
         lines += ["", "## Plots"]
     for path, caption in plots:

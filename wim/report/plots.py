@@ -165,40 +165,52 @@ def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] |
 
 
 def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
-    """Win rate (ties as half) with its Wilson 95% interval per comparison of eval.json,
-    against the 50% line. Returns {"names", "win_rate", "low", "high"} as drawn."""
+    """Per comparison of eval.json, against the 50% line: the win rate (ties as half) with its
+    paired bootstrap 95% interval, and the sign test's decisive rate (ties left out) with its
+    Clopper-Pearson 95% interval. No interval is drawn where there is none (all outcomes
+    equal). Returns {"names", "win_rate", "low", "high", "decisive", "decisive_low",
+    "decisive_high"} as drawn (None where not drawn)."""
     rows = [c for c in comparisons if _finite(c.get("win_rate"))]
     if not rows:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.55 * len(rows)))
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * len(rows)))
     ys = list(range(len(rows)))[::-1]
-    rates = [float(c["win_rate"]) for c in rows]
-    lows, highs = [], []
-    for c, rate in zip(rows, rates, strict=True):
-        lo, hi = (c.get("wilson_95") or [rate, rate])[:2]
-        lows.append(float(lo))
-        highs.append(float(hi))
-    err = [[r - lo for r, lo in zip(rates, lows, strict=True)],
-           [hi - r for r, hi in zip(rates, highs, strict=True)]]
-    bars = ax.errorbar(rates, ys, xerr=err, fmt="o", capsize=4, color="tab:blue",
-                       label="win rate (Wilson 95%)")
+    drawn: dict[str, Any] = {"names": [str(c.get("name")) for c in rows]}
+    series = (("win_rate", "bootstrap_95", 0.12, "tab:blue", "o",
+               "win rate, ties half (paired bootstrap 95%)", ("win_rate", "low", "high")),
+              ("decisive_rate", "decisive_95", -0.12, "tab:orange", "s",
+               "decisive rate, ties out (Clopper-Pearson 95%)",
+               ("decisive", "decisive_low", "decisive_high")))
+    for key, ci_key, dy, color, marker, label, names in series:
+        rates, lows, highs = [], [], []
+        for c, y in zip(rows, ys, strict=True):
+            rate = c.get(key)
+            ci = c.get(ci_key) if isinstance(c.get(ci_key), (list, tuple)) else None
+            rates.append(float(rate) if _finite(rate) else None)
+            lows.append(float(ci[0]) if ci and rates[-1] is not None else None)
+            highs.append(float(ci[1]) if ci and rates[-1] is not None else None)
+            if rates[-1] is None:
+                continue
+            err = [[rates[-1] - lows[-1]], [highs[-1] - rates[-1]]] if ci else None
+            line = ax.errorbar([rates[-1]], [y + dy], xerr=err, fmt=marker, capsize=4,
+                               color=color, label=label)
+            label = "_" + label  # one legend entry per series
+            # Read back what was drawn: the point, and the ends of its error bar.
+            rates[-1] = float(line.lines[0].get_xdata()[0])
+            if ci:
+                (start, end), = line.lines[2][0].get_segments()
+                lows[-1], highs[-1] = float(start[0]), float(end[0])
+        for name, values in zip(names, (rates, lows, highs), strict=True):
+            drawn[name] = values
     ax.axvline(0.5, color="grey", linestyle=":", label="_even")
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{c.get('name', '?')}" for c in rows])
     ax.set_xlim(0, 1)
-    ax.set_xlabel("win rate of A over B (ties count half)")
-    # Read back from the artists: each point, the tick label at its height, and the ends of
-    # the error bar through it.
-    names_at = {float(y): t.get_text() for y, t in zip(ax.get_yticks(), ax.get_yticklabels(),
-                                                        strict=True)}
-    spans = {float(seg[0][1]): (float(seg[0][0]), float(seg[1][0]))
-             for seg in bars.lines[2][0].get_segments()}
-    points = [(float(x), float(y)) for x, y in zip(bars.lines[0].get_xdata(),
-                                                    bars.lines[0].get_ydata(), strict=True)]
+    ax.set_xlabel("rate of A over B")
+    ax.legend(loc="lower right", fontsize="small")
     _save(fig, path)
-    return {"names": [names_at[y] for _, y in points], "win_rate": [x for x, _ in points],
-            "low": [spans[y][0] for _, y in points], "high": [spans[y][1] for _, y in points]}
+    return drawn
 
 
 # Files this module writes; any other DIR/plots/*.png (a refinement run's quality-against-
@@ -207,7 +219,8 @@ OWN_PLOTS = {
     "score_hist.png": "Score distributions, numeric vs WIM, on the 1-10 scale (x * 5 + 5)",
     "rounds.png": "Tie rate and mean absolute delta per round",
     "train.png": "DPO loss, reward margin and reward accuracy per step (TRL log history)",
-    "win_rates.png": "Blind evaluation: win rates with Wilson 95% intervals",
+    "win_rates.png": "Blind evaluation: win rate (ties half, paired bootstrap 95%) and "
+                     "decisive rate (ties out, Clopper-Pearson 95%)",
 }
 
 

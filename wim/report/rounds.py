@@ -10,11 +10,13 @@ import math
 from typing import Any
 
 from wim.config import Config
+from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
 # Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
 ROUND_KEYS = ("pairs/count", "pairs/tie_rate/", "pairs/delta/", "pairs/delta_best_worst/",
               "judge/count", "judge/parse_failed", "judge/parse_fail_rate", "judge/model",
+              "judge/served_model",
               "train/", "tokens/", "time/")
 
 
@@ -35,11 +37,15 @@ def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
         report.update(per_round_metrics(r, rep))
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
     run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
-    run.file("report.md").write_text(render_rounds(cfg, clean, len(reports)))
+    from wim.report.build import read_evaluation
+
+    run.file("report.md").write_text(render_rounds(cfg, clean, len(reports),
+                                                   read_evaluation(run)))
     return clean
 
 
-def render_rounds(cfg: Config, r: dict[str, Any], rounds: int) -> str:
+def render_rounds(cfg: Config, r: dict[str, Any], rounds: int,
+                  evaluation: dict[str, Any] | None = None) -> str:
     rows = [("judge", "judge/model"), ("judged", "judge/count"),
             ("failed to parse", "judge/parse_failed"), ("pairs", "pairs/count"),
             ("tie rate numeric", "pairs/tie_rate/numeric"), ("tie rate WIM", "pairs/tie_rate/wim"),
@@ -58,6 +64,9 @@ def render_rounds(cfg: Config, r: dict[str, Any], rounds: int) -> str:
         lines += ["> **Read this first.** The 135M bundled model cannot really judge: these "
                   "numbers are mechanical (every stage ran), not evidence for or against WIM.",
                   ""]
+    if evaluation:
+        lines += ["## Blind evaluation: the final policy against its base (eval.json)", "",
+                  *evaluation_body(evaluation), "## Per round", ""]
     lines += ["| metric | " + " | ".join(f"round {i}" for i in range(1, rounds + 1)) + " |",
               "|---" * (rounds + 1) + "|"]
     for label, key in rows:

@@ -1,4 +1,5 @@
-"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json),
+"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
+rendered by evaluation.py),
 plus the markdown helpers they share with wim/report/build.py.
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
@@ -18,6 +19,7 @@ from typing import Any
 from wim.config import Config
 from wim.metrics import pair_statistics
 from wim.records import read_records
+from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
 SYSTEMS = ("numeric", "wim", "mixed")
@@ -85,47 +87,70 @@ def rounds_lines(value: Any) -> list[str]:
     return lines
 
 
-def _interval(value: Any) -> str:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"{fmt(_num(value[0]), True)} - {fmt(_num(value[1]), True)}"
-    return "n/a"
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
-
-
-def _p(value: Any) -> str:
-    v = _num(value)
-    return "n/a" if v is None or math.isnan(v) else f"{v:.3g}"
-
-
 def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
-    """The blind evaluation (eval.json) as a table: win rates (ties half) with Wilson and
-    paired-bootstrap 95% intervals, raw and Holm-adjusted p-values, length-controlled rate."""
+    """The blind evaluation (eval.json): warnings and the power statement first, then the
+    primary comparison with its own test, then every comparison, each interval labelled
+    (wim/report/evaluation.py). The report puts it at the top."""
     if not evaluation:
         return []
-    lines = ["", "## Blind evaluation (eval.json)", ""]
+    lines = ["## Blind evaluation: did training help? (eval.json)", ""]
     who = evaluation.get("evaluator") or {}
     if isinstance(who, dict) and who:
         lines += ["Evaluator: " + "; ".join(f"{md_cell(k)} {md_cell(v)}"
-                                            for k, v in who.items()) + ".", ""]
-    if evaluation.get("mechanical_warning"):
-        lines += [f"> **Mechanical numbers.** {md_cell(evaluation['mechanical_warning'])}", ""]
-    lines += ["| comparison | A | B | n | wins / losses / ties | failures | win rate A | "
-              "Wilson 95% | bootstrap 95% | p | p (Holm) | length-controlled |",
-              "|---" * 12 + "|"]
-    for c in evaluation.get("comparisons", []):
-        record = " / ".join(fmt(c.get(k)) for k in ("wins", "losses", "ties"))
-        lines.append(
-            f"| {md_cell(c.get('name', ''))} | {md_cell(c.get('a', ''))} | "
-            f"{md_cell(c.get('b', ''))} | {fmt(c.get('n'))} | {record} | "
-            f"{fmt(c.get('failures'))} | {fmt(_num(c.get('win_rate')), True)} | "
-            f"{_interval(c.get('wilson_95'))} | {_interval(c.get('bootstrap_95'))} | "
-            f"{_p(c.get('p_value'))} | {_p(c.get('p_holm'))} | "
-            f"{fmt(_num(c.get('lc_win_rate')), True)} |")
-    lines += ["", "Ties count half; failures (verdicts that did not parse after retries) count "
-              "for neither side. p: exact two-sided binomial test against "
-              "50%; Holm-adjusted across every comparison of this report."]
+                                            for k, v in who.items())
+                  + f"; held-out prompts: {fmt(evaluation.get('held_out_prompts'))}.", ""]
+    return lines + evaluation_body(evaluation)
+
+
+def read_agreement(run: RunDir) -> dict[str, Any] | None:
+    """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
+    checked for the keys the report reads."""
+    import json
+
+    from wim.records import RecordsError
+
+    path = run.file("agreement.json")
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise RecordsError(f"{path} is not valid JSON ({err}); run `wim pairs` again.") from None
+    if not (isinstance(data, dict) and isinstance(data.get("systems"), dict)
+            and isinstance(data.get("table_markdown"), str)):
+        raise RecordsError(f"{path}: expected an object with 'systems' and 'table_markdown'; "
+                           "run `wim pairs` again.")
+    return data
+
+
+def agreement_lines(agreement: dict[str, Any] | None) -> list[str]:
+    """Agreement of our rankings with the source's own labels (the `wim validity` table)."""
+    if not agreement:
+        return []
+    lines = ["", "## Agreement with the source's own preferences", "",
+             f"The source ({md_cell(agreement.get('source'))}) says which response is better "
+             f"({md_cell(agreement.get('labels'))}); one labelled pair per prompt "
+             f"({fmt(agreement.get('pairs'))} pairs; "
+             f"{fmt(agreement.get('label_ties'))} prompts whose responses the source rates "
+             "alike left out). Accuracy: how often a system scores the source's better "
+             "response higher (a tie counts as half; strict: as wrong); failures (a judgement "
+             "that did not parse) are counted, not ranked. The same table as `wim validity`.",
+             ""]
+    if agreement["table_markdown"]:
+        lines += agreement["table_markdown"].splitlines()
     return lines
+
+
+def source_lines(r: dict[str, Any]) -> list[str]:
+    """Where the responses came from: sampled by the policy, or read from generation.source."""
+    if not r.get("generate/source"):
+        return [f"Responses sampled by the policy {md_cell(r.get('policy/model'))}.", ""]
+    origins = r.get("generate/origins") or {}
+    listed = ", ".join(f"{md_cell(k)} ({v})" for k, v in sorted(origins.items())) or "none"
+    sha = str(r.get("generate/source_sha256") or "")
+    return [f"Responses not sampled: read from {md_cell(r['generate/source'])} (shape "
+            f"{md_cell(r.get('generate/source_shape'))}, sha256 {sha[:16]}...): "
+            f"{fmt(r.get('generate/records'))} responses to "
+            f"{fmt(r.get('generate/source_prompts'))} prompts; "
+            f"{fmt(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
+            f"responses skipped. Written by: {listed}.", ""]

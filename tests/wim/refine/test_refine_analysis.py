@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from wim.refine.analysis import compare_policies, holm, interaction_2x2, paired_test
+from wim.refine.analysis import (
+    compare_policies,
+    holm,
+    interaction_2x2,
+    interaction_from_summaries,
+    paired_test,
+)
 
 
 def test_interaction_t_statistic_by_hand():
@@ -62,8 +68,53 @@ def test_paired_ttest_by_hand():
         paired_test([1.0, 2.0], [0.0, 1.0], "sign")
 
 
+def test_wilcoxon_on_ninths_equals_scipy_on_the_integer_differences():
+    # The worked example: float differences of (N - 1) / 9 gave p = 0.31 (scipy ranked
+    # rounding noise); the integer differences give p = 0.78.
+    from scipy.stats import wilcoxon
+
+    a = [2, 7, 9, 6, 9, 8, 9, 4, 2, 1, 2]
+    b = [1, 6, 8, 7, 8, 8, 10, 4, 3, 2, 4]
+    r = paired_test([(x - 1) / 9 for x in a], [(x - 1) / 9 for x in b], "wilcoxon")
+    expected = wilcoxon([x - y for x, y in zip(a, b, strict=True)], zero_method="wilcox")
+    assert r["p"] == pytest.approx(float(expected.pvalue)) and r["p"] == pytest.approx(0.78125)
+    assert r["statistic"] == pytest.approx(float(expected.statistic))
+    # The t-test is scale-free: the same t as on the integer differences.
+    from scipy.stats import ttest_rel
+
+    t = paired_test([(x - 1) / 9 for x in a], [(x - 1) / 9 for x in b], "ttest")
+    assert t["p"] == pytest.approx(float(ttest_rel(a, b).pvalue))
+
+
+def test_equal_ninths_are_zero_differences_not_noise():
+    # The same ninths reached two ways differ by 1e-16 in floating point: zero on the grid.
+    a = [(n - 1) / 9 for n in (2, 4, 7)]
+    b = [1 - (10 - n) / 9 for n in (2, 4, 7)]
+    assert all(x != y for x, y in zip(a, b, strict=True))
+    assert paired_test(a, b)["note"] == "all differences are zero"
+
+
+SETTINGS = {"blind": {"model": "bundled:smollm2-135m-instruct"}, "policy": "p", "seed": 0,
+            "max_attempts": 8}
+
+
 def _summary(ids, dynamic, cap):
-    return {"per_question": {"prompt_ids": ids, "blind": {"dynamic": dynamic, "hard_cap": cap}}}
+    return {"per_question": {"prompt_ids": ids, "blind": {"dynamic": dynamic, "hard_cap": cap}},
+            **SETTINGS}
+
+
+@pytest.mark.parametrize("key, value, what", [
+    ("blind", {"model": "other"}, "blind evaluator"), ("policy", "q", "policy"),
+    ("seed", 1, "seed"), ("max_attempts", 4, "attempt cap")])
+def test_interaction_refuses_confounded_runs(key, value, what):
+    same = _summary(["a", "b", "c"], [0.6, 0.7, 0.8], [0.5] * 3)
+    cross = {**_summary(["a", "b", "c"], [0.5] * 3, [0.5] * 3), key: value}
+    with pytest.raises(ValueError, match=f"differ in the {what}"):
+        interaction_from_summaries(same, cross)
+    del cross[key]
+    with pytest.raises(ValueError, match="lacks"):
+        interaction_from_summaries(same, cross)
+    assert interaction_from_summaries(same, same)["questions"] == 3
 
 
 def test_interaction_from_two_refine_summaries(tmp_path):

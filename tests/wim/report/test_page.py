@@ -26,15 +26,27 @@ SMALL_JUDGE = "bundled:smollm2-135m-instruct"
 EVAL = {
     "evaluator": {"model": "judge-<x>", "mode": "pairwise"},
     "mechanical_warning": "The evaluator is the bundled 135M model: mechanical numbers.",
+    "held_out_prompts": 40, "primary": "policy vs base", "min_attainable_p": 1.8e-12,
+    "min_attainable_p_holm": 3.6e-12,
+    "power_statement": "Power: with 40 prompt(s) and 2 comparison(s) the smallest attainable "
+                       "Holm-adjusted p is 3.6e-12.",
     "comparisons": [
-        {"name": "policy vs base", "a": "policy", "b": "base", "n": 40, "wins": 22,
-         "losses": 14, "ties": 4, "failures": 1, "win_rate": 0.6, "wilson_95": [0.445, 0.737],
-         "bootstrap_95": [0.46, 0.73], "p_value": 0.0123, "p_holm": 0.0246,
-         "lc_win_rate": 0.57},
-        {"name": "wim vs numeric", "a": "wim", "b": "numeric", "n": 40, "wins": 18,
-         "losses": 20, "ties": 2, "failures": 0, "win_rate": 0.475,
-         "wilson_95": [0.33, 0.62], "bootstrap_95": [0.34, 0.61], "p_value": 0.871,
-         "p_holm": 0.871, "lc_win_rate": None},
+        {"name": "policy vs base", "primary": True, "a": "policy", "b": "base", "n": 40,
+         "wins": 22, "losses": 14, "ties": 4, "failures": 1,
+         "ties_split": {"real": 3, "order_disagreement": 1, "identical": 0},
+         "order_agreement": 0.75, "orders_compared": 39, "decisive_rate": 0.611,
+         "decisive_95": [0.435, 0.769], "win_rate": 0.6, "bootstrap_95": [0.46, 0.73],
+         "p_value": 0.0123, "p_holm": 0.0246,
+         "sensitivity": {"failures_as_losses": 0.585, "failures_as_wins": 0.61},
+         "length_adjusted_win_rate": 0.57, "length_slope": 0.1,
+         "length_adjusted_95": [0.4, 0.7], "length_note": "n = 39 < 50: too few"},
+        {"name": "wim vs numeric", "primary": False, "a": "wim", "b": "numeric", "n": 40,
+         "wins": 0, "losses": 0, "ties": 40, "failures": 0,
+         "ties_split": {"real": 0, "order_disagreement": 40, "identical": 0},
+         "order_agreement": 0.0, "decisive_rate": None, "decisive_95": None,
+         "win_rate": 0.5, "bootstrap_95": None,
+         "bootstrap_note": "all 40 outcomes are equal (ties): no interval", "p_value": 1.0,
+         "p_holm": 1.0, "length_adjusted_win_rate": 0.5, "length_slope": None},
     ],
 }
 
@@ -120,15 +132,24 @@ def test_report_page_is_self_contained_escaped_and_complete(tmp_path: Path) -> N
     assert [e["failed"] for e in data] == [False, False, True]
     # The mechanical-numbers warning is on the page, above the tables and in the browser.
     assert page.count("class='note warning") >= 2 and "135M" in page
-    # eval.json as a table (raw and Holm p-values, both intervals) and per-round rows.
+    # eval.json at the top: warnings and power, the primary comparison, then the table with
+    # each interval beside its own rate (raw and Holm p-values), and per-round rows.
     md = (run / "report.md").read_text()
-    assert ("| policy vs base | policy | base | 40 | 22 / 14 / 4 | 1 | 60.0% | 44.5% - 73.7% | "
-            "46.0% - 73.0% | 0.0123 | 0.0246 | 57.0% |") in md
-    assert "| wim vs numeric |" in md and "**Mechanical numbers.**" in md
+    assert md.index("Blind evaluation") < md.index("Numeric vs WIM vs mixed")
+    assert md.index("**Mechanical numbers.**") < md.index("**Power.**") < md.index(
+        "Primary comparison (pre-specified): policy vs base")
+    assert ("| policy vs base (primary) | 40 | 22 / 14 / 4 | 1 | 3 / 1 / 0 | 0.750 | 0.611 | "
+            "[0.435, 0.769] | 0.0123 | 0.0246 | 0.600 | [0.460, 0.730] | 0.585 / 0.610 | "
+            "0.570 (0.100) |") in md
+    assert "exact Clopper-Pearson 95% [0.435, 0.769], p = 0.0123 (unadjusted" in md
+    # All outcomes equal: said in words, no zero-width interval.
+    assert "| wim vs numeric | 40 | 0 / 0 / 40 | 0 | 0 / 40 / 0 | 0.000 | - | - | 1 | 1 | " \
+           "0.500 | none: all outcomes equal |" in md
     report = json.loads((run / "report.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [0, 1]
     assert report["rounds"][0]["pairs/tie_rate/numeric"] == report["pairs/tie_rate/numeric"]
-    assert "## Per round" in md and "<h2>Blind evaluation (eval.json)</h2>" in page
+    assert "## Per round" in md
+    assert "<h2>Blind evaluation: did training help? (eval.json)</h2>" in page
 
 
 def test_no_warning_for_a_strong_judge_and_stale_plots_go(tmp_path: Path) -> None:

@@ -84,19 +84,22 @@ def test_training_plot_draws_loss_and_margins_per_step(tmp_path) -> None:
     assert plot_training([{"train_runtime": 1.0, "step": 0}], tmp_path / "t3.png") is None
 
 
-def test_win_rate_plot_draws_rates_and_wilson_intervals(tmp_path) -> None:
+def test_win_rate_plot_draws_each_rate_with_its_own_interval(tmp_path) -> None:
     comparisons = [
-        {"name": "wim vs base", "win_rate": 0.62, "wilson_95": [0.5, 0.72]},
-        {"name": "numeric vs base", "win_rate": 0.48, "wilson_95": [0.37, 0.59]},
-        {"name": "no data", "win_rate": None, "wilson_95": None},
-        {"name": "no interval", "win_rate": 0.3, "wilson_95": None},  # drawn without a bar
+        {"name": "wim vs base", "win_rate": 0.62, "bootstrap_95": [0.5, 0.72],
+         "decisive_rate": 0.7, "decisive_95": [0.52, 0.84], "wilson_95": [0.0, 1.0]},
+        {"name": "numeric vs base", "win_rate": 0.5, "bootstrap_95": None,  # all ties
+         "decisive_rate": None, "decisive_95": None},
+        {"name": "no data", "win_rate": None, "bootstrap_95": None},
     ]
-    # Read back from the figure (the tick label beside each point, the error bar's ends).
     drawn = plot_win_rates(comparisons, tmp_path / "win.png")
-    assert drawn["names"] == ["wim vs base", "numeric vs base", "no interval"]
-    assert drawn["win_rate"] == pytest.approx([0.62, 0.48, 0.3])
-    assert drawn["low"] == pytest.approx([0.5, 0.37, 0.3])
-    assert drawn["high"] == pytest.approx([0.72, 0.59, 0.3])
+    assert drawn["names"] == ["wim vs base", "numeric vs base"]
+    assert drawn["win_rate"] == pytest.approx([0.62, 0.5])
+    # The win rate (ties half) carries the bootstrap interval, never Wilson's; no interval
+    # where there is none.
+    assert drawn["low"] == [0.5, None] and drawn["high"] == [0.72, None]
+    assert drawn["decisive"] == pytest.approx([0.7, None])
+    assert drawn["decisive_low"] == [0.52, None] and drawn["decisive_high"] == [0.84, None]
     assert plot_win_rates([{"name": "x", "win_rate": math.nan}], tmp_path / "w2.png") is None
 
 

@@ -1,0 +1,71 @@
+"""How often our rankings agree with a source's own preferences (`generation.source`).
+
+A source that carries preferences gives one labelled pair per prompt:
+- the preference shape: its chosen response against its rejected one;
+- UltraFeedback's ratings (`source_rating`): the highest-rated response against the lowest
+  (a prompt whose responses all have the same rating gives none, counted as a label tie).
+One pair per prompt keeps the pairs independent, so the interval is that of the test.
+Each pair is ranked by every scoring system with the same code as `wim validity`
+(data_gen/validity.py `validity_table`): accuracy (ties half), tie share, strict accuracy,
+interval, failures. The result goes to DIR/agreement.json, which the report shows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from data_gen.validity import GoldPair, systems_table_lines, validity_table
+from wim.config import Config
+from wim.pairs import group_by_prompt
+from wim.rundir import RunDir
+
+AGREEMENT_FILE = "agreement.json"
+
+
+def label_pairs(scored: list[dict[str, Any]]) -> tuple[list[tuple[dict, dict]], int, str]:
+    """[(chosen record, rejected record)] by the source's labels, the number of prompts whose
+    ratings all tie, and the kind of label (`chosen/rejected`, `ratings` or "")."""
+    pairs, label_ties, kinds = [], 0, set()
+    for records in group_by_prompt(scored).values():
+        labelled = {r["source_label"]: r for r in records if r.get("source_label")}
+        if "chosen" in labelled and "rejected" in labelled:
+            pairs.append((labelled["chosen"], labelled["rejected"]))
+            kinds.add("chosen/rejected")
+            continue
+        rated = [r for r in records if r.get("source_rating") is not None]
+        if len(rated) < 2:
+            continue
+        kinds.add("ratings")
+        # max/min keep the first of equal ratings: sample order decides, never our scores.
+        best = max(rated, key=lambda r: r["source_rating"])
+        worst = min(rated, key=lambda r: r["source_rating"])
+        if best["source_rating"] == worst["source_rating"]:
+            label_ties += 1
+        else:
+            pairs.append((best, worst))
+    return pairs, label_ties, " and ".join(sorted(kinds))
+
+
+def source_agreement(cfg: Config, run: RunDir, scored: list[dict[str, Any]]) -> dict | None:
+    """Write DIR/agreement.json when the source carries preferences; None (and no file) when
+    it does not."""
+    path = run.file(AGREEMENT_FILE)
+    pairs, label_ties, kind = label_pairs(scored)
+    if not pairs and not label_ties:
+        path.unlink(missing_ok=True)
+        return None
+    gold, remapped = [], []
+    for chosen, rejected in pairs:
+        # validity_table reads (id, 0) as the better answer and (id, 1) as the worse.
+        gid = f"{chosen['prompt_id']}#{chosen['sample_idx']}>{rejected['sample_idx']}"
+        gold.append(GoldPair(id=gid, domain=chosen.get("domain", ""), prompt=chosen["prompt"],
+                             chosen=chosen["response"], rejected=rejected["response"]))
+        remapped += [{**chosen, "prompt_id": gid, "sample_idx": 0},
+                     {**rejected, "prompt_id": gid, "sample_idx": 1}]
+    systems = validity_table(cfg, gold, remapped) if gold else {}
+    result = {"labels": kind, "source": cfg.generation.source, "pairs": len(gold),
+              "label_ties": label_ties, "systems": systems,
+              "table_markdown": "\n".join(systems_table_lines(systems)) if systems else ""}
+    path.write_text(json.dumps(result, indent=2))
+    return result

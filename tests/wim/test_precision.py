@@ -1,0 +1,140 @@
+"""wim/precision.py: which dtype `auto` picks, per machine, and what a run does with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import QUICKSTART
+
+import wim.precision as precision
+import wim.rundir as rundir
+from wim.cli import main
+from wim.config import load_config
+from wim.precision import DtypeError, Machine, pick_dtype, pin_dtypes
+from wim.rundir import RunDir, RunDirError
+
+XEON_AMX = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=True, amx_tile=True)
+ZEN4 = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=True, amx_tile=False)
+AMX_ONLY = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=False, amx_tile=True)
+AVX2 = Machine(cuda=False, cpu_capability="AVX2", avx512_bf16=False, amx_tile=False)
+AVX512_NO_BF16 = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=False,
+                         amx_tile=False)
+GPU_OLD_CPU = Machine(cuda=True, cpu_capability="AVX2", avx512_bf16=False, amx_tile=False)
+
+
+@pytest.mark.parametrize("machine, expected", [
+    (XEON_AMX, "bfloat16"), (ZEN4, "bfloat16"), (AMX_ONLY, "bfloat16"),
+    (AVX2, "float32"), (AVX512_NO_BF16, "float32"), (GPU_OLD_CPU, "bfloat16"),
+])
+def test_auto_is_bfloat16_only_where_it_is_native(machine: Machine, expected: str) -> None:
+    assert pick_dtype("auto", machine) == expected
+    assert machine.describe()["native_bf16"] == (machine.avx512_bf16 or machine.amx_tile)
+
+
+@pytest.mark.parametrize("machine", [XEON_AMX, AVX2, GPU_OLD_CPU])
+def test_an_explicit_dtype_is_kept_on_every_machine(machine: Machine) -> None:
+    assert pick_dtype("float32", machine) == "float32"
+    assert pick_dtype("bfloat16", machine) == "bfloat16"
+
+
+def test_an_unknown_dtype_is_refused() -> None:
+    with pytest.raises(DtypeError, match="float16"):
+        pick_dtype("float16", ZEN4)
+
+
+def test_config_refuses_an_unknown_dtype() -> None:
+    from wim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'judge.dtype' must be one of auto, float32, "
+                                          "bfloat16, got 'fp16'"):
+        load_config(QUICKSTART, ["judge.dtype=fp16"])
+
+
+def test_this_machine_as_torch_reports_it_matches_proc_cpuinfo() -> None:
+    """For real: the flags torch reads are the kernel's (/proc/cpuinfo), and `auto` follows
+    them. Which kind this CPU is decides the expected dtype, not the other way round."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo (not Linux)")
+    flags = set(next(line for line in cpuinfo.read_text().splitlines()
+                     if line.startswith("flags")).split(":", 1)[1].split())
+    here = precision.machine()
+    assert here.avx512_bf16 == ("avx512_bf16" in flags)
+    assert here.amx_tile == ("amx_tile" in flags)
+    native = "avx512_bf16" in flags or "amx_tile" in flags
+    expected = "bfloat16" if here.cuda or native else "float32"
+    assert precision.resolve_dtype("auto") == expected
+    assert str(precision.torch_dtype("auto")) == f"torch.{expected}"
+
+
+@pytest.mark.slow
+def test_the_bundled_model_loads_in_the_resolved_dtype() -> None:
+    from wim.models import BUNDLED_POLICY, load_causal_lm
+
+    model, _ = load_causal_lm(BUNDLED_POLICY)
+    assert str(model.dtype) == f"torch.{precision.resolve_dtype('auto')}"
+    model, _ = load_causal_lm(BUNDLED_POLICY, dtype="float32")
+    assert model.dtype.is_floating_point and str(model.dtype) == "torch.float32"
+
+
+def _on(monkeypatch, machine: Machine) -> None:
+    """Run as if on `machine` (both modules that ask)."""
+    monkeypatch.setattr(precision, "machine", lambda: machine)
+    monkeypatch.setattr(rundir, "machine", lambda: machine)
+
+
+def test_pin_resolves_only_the_dtypes_that_decide_a_result(monkeypatch) -> None:
+    _on(monkeypatch, ZEN4)
+    cfg = pin_dtypes(load_config(QUICKSTART, ["blind.backend=http",
+                                              "blind.http.base_urls=[http://x/v1]"]))
+    assert cfg.policy.dtype == "bfloat16"
+    assert cfg.judge.dtype == "auto"  # role fixed: the judge is the policy's weights
+    assert cfg.blind.dtype == "auto"  # an http evaluator has no dtype of ours
+    ext = pin_dtypes(load_config(QUICKSTART, ["judge.role=external", "judge.model=m"]))
+    assert (ext.judge.dtype, ext.blind.dtype) == ("bfloat16", "bfloat16")
+
+
+def test_the_run_records_the_resolved_dtype_and_the_machine(tmp_path, monkeypatch) -> None:
+    _on(monkeypatch, ZEN4)
+    run = RunDir(tmp_path / "run")
+    run.claim(load_config(QUICKSTART))
+    meta = run.read_meta()
+    assert meta["config"]["policy"]["dtype"] == "bfloat16"
+    assert meta["dtype_picked_for"] == {**ZEN4.describe(), "native_bf16": True}
+    assert run.load_config().policy.dtype == "bfloat16"
+    _on(monkeypatch, AVX2)
+    assert rundir.identity(load_config(QUICKSTART))["policy"]["dtype"] == "float32"
+
+
+def test_a_resumed_run_refuses_the_dtype_this_machine_would_pick(tmp_path, monkeypatch,
+                                                                   capsys) -> None:
+    _on(monkeypatch, ZEN4)
+    out = tmp_path / "run"
+    RunDir(out).claim(load_config(QUICKSTART))
+    _on(monkeypatch, AVX2)
+    # The real command, as a user types it: refused before any model is loaded.
+    assert main(["generate", str(QUICKSTART), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "policy.dtype bfloat16 -> float32" in err
+    assert "--set policy.dtype=bfloat16" in err and "AVX2" in err
+    with pytest.raises(RunDirError, match="policy.dtype"):
+        RunDir(out).claim(load_config(QUICKSTART, ["policy.dtype=float32"]))
+    # Set explicitly to the run's dtype, the run continues on this machine.
+    RunDir(out).claim(load_config(QUICKSTART, ["policy.dtype=bfloat16"]))
+    assert RunDir(out).read_meta()["config"]["policy"]["dtype"] == "bfloat16"
+
+
+def test_a_run_saved_before_dtypes_existed_was_float32_on_a_cpu(tmp_path, monkeypatch) -> None:
+    import yaml
+
+    _on(monkeypatch, AVX2)
+    run = RunDir(tmp_path / "run")
+    run.claim(load_config(QUICKSTART))
+    meta = run.read_meta()
+    del meta["config"]["policy"]["dtype"]
+    run.config_file.write_text(yaml.safe_dump(meta))
+    _on(monkeypatch, ZEN4)
+    with pytest.raises(RunDirError, match="policy.dtype float32 -> bfloat16"):
+        run.claim(load_config(QUICKSTART))
+    run.claim(load_config(QUICKSTART, ["policy.dtype=float32"]))

@@ -1,0 +1,155 @@
+"""generation.source loaders (wim/sources.py): the three shapes from every file kind, and the
+error messages that name the file, the row and what was expected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from wim.config import load_config
+from wim.errors import ConfigError, WimError
+from wim.sources import load_source, source_sha256
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _uf_rows(n: int = 3) -> list[dict]:
+    return [{"instruction": f"Question {i}?",
+             "completions": [{"model": m, "response": f"answer {i} by {m}",
+                              "overall_score": float(s)}
+                             for m, s in (("gpt-4", 9), ("alpaca-7b", 3), ("falcon-40b", 5))]}
+            for i in range(n)]
+
+
+def test_ultrafeedback_parquet_keeps_models_and_ratings(tmp_path: Path) -> None:
+    path = tmp_path / "uf.parquet"
+    pd.DataFrame(_uf_rows()).to_parquet(path)  # completions become numpy arrays of dicts
+    source = load_source(str(path))
+    assert source.shape == "ultrafeedback" and source.rows == 3
+    first = source.prompts[0]
+    assert first.prompt.text == "Question 0?" and first.prompt.id == "00000"
+    assert [r.origin for r in first.responses] == ["gpt-4", "alpaca-7b", "falcon-40b"]
+    assert [r.rating for r in first.responses] == [9.0, 3.0, 5.0]
+    assert first.responses[1].text == "answer 0 by alpaca-7b"
+
+
+def test_preference_jsonl_keeps_labels_and_chat_prompts(tmp_path: Path) -> None:
+    row = {"prompt": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Capital of Italy?"}],
+           "chosen": [{"role": "assistant", "content": "Rome."}],
+           "rejected": "Milan.", "id": "q1", "domain": "geo"}
+    source = load_source(str(_jsonl(tmp_path / "p.jsonl", [row])))
+    [sp] = source.prompts
+    assert source.shape == "preference"
+    assert sp.prompt.id == "q1" and sp.prompt.domain == "geo"
+    assert sp.prompt.messages[0] == {"role": "system", "content": "Be brief."}
+    assert [(r.text, r.label) for r in sp.responses] == [("Rome.", "chosen"),
+                                                        ("Milan.", "rejected")]
+
+
+def test_responses_csv_with_renamed_columns_and_too_few_counted(tmp_path: Path) -> None:
+    path = tmp_path / "r.csv"
+    pd.DataFrame({"question": ["A?", "B?", "C?"],
+                  "outs": [json.dumps(["a1", "a2"]), json.dumps(["only one"]),
+                           json.dumps([{"response": "c1", "model": "m"}, "c2"])]}
+                 ).to_csv(path, index=False)
+    source = load_source(str(path), shape="responses",
+                         columns={"prompt": "question", "responses": "outs"})
+    assert [sp.prompt.text for sp in source.prompts] == ["A?", "C?"]
+    assert source.too_few == ["00001"]  # counted, not kept
+    assert [r.origin for r in source.prompts[1].responses] == ["m", ""]
+
+
+def test_saved_dataset_folder(tmp_path: Path) -> None:
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": "Q?", "responses": ["x", "y"]}]).save_to_disk(
+        str(tmp_path / "saved"))
+    source = load_source(str(tmp_path / "saved"))
+    assert source.shape == "responses"
+    assert [r.text for r in source.prompts[0].responses] == ["x", "y"]
+
+
+def test_limit_keeps_the_first_prompts_but_checks_every_row(tmp_path: Path) -> None:
+    rows = _uf_rows(3) + [{"instruction": "Bad?", "completions": "not a list"}]
+    path = _jsonl(tmp_path / "uf.jsonl", rows)
+    with pytest.raises(WimError, match=r"line 4: 'completions' is a str, not a list"):
+        load_source(str(path), limit=1)
+    assert len(load_source(str(_jsonl(tmp_path / "ok.jsonl", _uf_rows(3))), limit=2).prompts) == 2
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"instruction": "Q?", "completions": [{"model": "m"}]},
+     r"uf\.jsonl', line 2, 'completions' entry 1: expected an object with a string 'response'"),
+    ({"instruction": "Q?", "completions": [{"model": "m", "response": "r",
+                                            "overall_score": "great"}]},
+     r"line 2, 'completions' entry 1: 'overall_score' must be a number .* got 'great'"),
+    ({"completions": [{"model": "m", "response": "r"}]},
+     r"line 2: missing 'instruction'\. Each row needs 'instruction' and 'completions'"),
+    ({"instruction": [{"role": "assistant", "content": "hi"}], "completions": []},
+     r"line 2: the last prompt message has role 'assistant', expected 'user'"),
+])
+def test_bad_ultrafeedback_rows_name_file_row_and_expectation(tmp_path: Path, row, message
+                                                              ) -> None:
+    path = _jsonl(tmp_path / "uf.jsonl", [_uf_rows(1)[0], row])
+    with pytest.raises(WimError, match=message):
+        load_source(str(path))
+
+
+def test_bad_preference_row_and_unknown_shape(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Q?", "chosen": "a", "rejected": 3}])
+    with pytest.raises(WimError, match=r"p\.jsonl', line 1, 'rejected': expected a string or a "
+                                       r"chat list .* got '3'\. Each row needs 'prompt', "
+                                       r"'chosen' and 'rejected'"):
+        load_source(str(path))
+    path = _jsonl(tmp_path / "x.jsonl", [{"prompt": "Q?", "answers": ["a", "b"]}])
+    with pytest.raises(WimError, match=r"cannot tell its shape from the columns \(prompt, "
+                                       r"answers\).*generation.source_shape"):
+        load_source(str(path))
+    assert len(load_source(str(path), columns={"responses": "answers"}).prompts) == 1
+
+
+def test_no_prompt_with_two_responses_is_an_error(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "r.jsonl", [{"prompt": "Q?", "responses": ["only"]}])
+    with pytest.raises(WimError, match="no prompt has two or more responses"):
+        load_source(str(path))
+
+
+def test_missing_file_and_duplicate_ids(tmp_path: Path) -> None:
+    with pytest.raises(WimError, match=r"Response source file .*nope\.parquet' does not exist"
+                                       r".*generation\.source"):
+        load_source(str(tmp_path / "nope.parquet"))
+    rows = [{"id": "a", "prompt": "Q?", "responses": ["x", "y"]}] * 2
+    with pytest.raises(WimError, match=r"duplicate id 'a' at line 1 and line 2"):
+        load_source(str(_jsonl(tmp_path / "d.jsonl", rows)))
+
+
+def test_content_hash_follows_the_bytes(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "r.jsonl", [{"prompt": "Q?", "responses": ["x", "y"]}])
+    before = source_sha256(str(path))
+    assert source_sha256(str(path)) == before
+    _jsonl(path, [{"prompt": "Q?", "responses": ["x", "z"]}])
+    assert source_sha256(str(path)) != before
+
+
+def test_config_refuses_a_source_with_prompts_or_rounds() -> None:
+    base = ROOT / "configs" / "quickstart.yaml"
+    # The quickstart holds out prompts for its blind evaluation; a source has none to hold out.
+    cfg = load_config(base, ["generation.source=x.jsonl", "prompts.holdout=0",
+                             "generation.source_columns={prompt: question}"])
+    assert cfg.generation.source_columns == {"prompt": "question"}
+    for extra, key in ((["prompts.source=p.jsonl"], "prompts.source"),
+                       (["prompts.holdout=4"], "prompts.holdout"),
+                       (["training.rounds=2"], "training.rounds"),
+                       (["generation.source_columns={question: q}"], "source_columns"),
+                       (["generation.source_shape=table"], "source_shape")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(base, ["generation.source=x.jsonl", "prompts.holdout=0", *extra])

@@ -1,0 +1,164 @@
+"""The dataset card of a run's pairs: `DIR/pairs/README.md` (and `DIR/pairs.README.md`).
+
+In the Hub's dataset-card format: YAML metadata between `---` lines (pretty name, task
+category, size category, tags, `configs` naming the data files, plus a `wim` block with the
+numbers a program may want), then markdown: the mechanical-numbers warning for a bundled
+judge, where the responses came from, the judge (role, model, prompt and its instructions),
+the embedder and zeta, the tie policy and the counts (pairs, ties dropped, failed judgements,
+echoed rubrics), the tie-rate and delta table, the columns, and the config that made the pairs.
+A pure function of its inputs: the caller (data_gen's pairs stage) writes the files.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
+from wim.config import Config
+from wim.judge_prompts import build_judge_instructions
+from wim.metrics import judge_statistics, pair_statistics
+from wim.report.build import SMALL_JUDGE_NOTE, SMALL_JUDGES
+from wim.rundir import identity
+from wim.statistics import MECHANICAL_WARNING, is_bundled
+
+_SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+          (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"))
+_SYSTEMS = (("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"), ("mixed", "mixed"))
+
+
+def size_category(n: int) -> str:
+    """The Hub's size category of a dataset of `n` rows."""
+    return next((name for cap, name in _SIZES if n < cap), "n>10M")
+
+
+def card_config(cfg: Config) -> dict[str, Any]:
+    """The config sections that decide the pairs: the run identity, the judge in full, the
+    scoring and the pairing."""
+    data = cfg.to_dict()
+    return {**identity(cfg), "judge": data["judge"], "scoring": data["scoring"],
+            "pairs": data["pairs"]}
+
+
+def render_card(cfg: Config, scored: list[dict[str, Any]], counts: dict[str, int],
+                data_files: str, source: dict[str, Any] | None = None) -> str:
+    """The card's text. `scored`: scores.jsonl; `counts`: the pairs stage's `pairs/...` counts;
+    `data_files`: the glob of the data files next to the card; `source`: the generate stage's
+    stats when the responses came from generation.source (its shape and sha256)."""
+    judge = judge_statistics(scored)
+    stats = pair_statistics(scored, cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+    judge_model = next((r.get("judge_model") for r in scored if r.get("judge_model")), None)
+    n = counts.get("pairs/count", 0)
+    facts = {"judge_role": cfg.judge.role, "judge_model": judge_model,
+             "judge_mode": cfg.judge.mode, "judge_prompt": cfg.judge.prompt,
+             "embedder": cfg.scoring.embedder, "zeta": cfg.scoring.zeta,
+             "tie_policy": cfg.pairs.tie_policy, "tie_tolerance": cfg.pairs.tie_tolerance,
+             "strategy": cfg.pairs.strategy, "pairs": n,
+             "ties_dropped": counts.get("pairs/ties_dropped", 0),
+             "judgements": judge["judge/count"],
+             "judge_parse_failed": judge["judge/parse_failed"],
+             "echoed_rubrics": judge["judge/echoed_rubric"],
+             "responses_from": cfg.generation.source or "sampled by the policy",
+             "mechanical_numbers": is_bundled(judge_model)}
+    meta = {"pretty_name": "WIM preference pairs", "task_categories": ["text-generation"],
+            "tags": ["dpo", "preference", "rlhf", "wim", "synthetic"],
+            "size_categories": [size_category(n)],
+            "configs": [{"config_name": "default",
+                         "data_files": [{"split": "train", "path": data_files}]}],
+            "wim": facts}
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
+             "# WIM preference pairs", ""]
+    if is_bundled(judge_model):
+        note = SMALL_JUDGE_NOTE if str(judge_model).split(" + ")[0] in SMALL_JUDGES \
+            else MECHANICAL_WARNING
+        lines += [f"> **Mechanical numbers.** {note}", ""]
+    lines += [f"{n} chosen/rejected pairs in TRL's conversational preference format, ranked by "
+              "What Is Missing (WIM) scores: a judge writes what is missing from each response "
+              "and a 1-10 rating; score = (1 - zeta) * rating_norm + zeta * cos(E(response), "
+              "E(critique)), with rating_norm = (N - 5) / 5.", ""]
+    lines += _source_lines(cfg, scored, source or {})
+    lines += _judge_lines(cfg, judge_model)
+    lines += _count_lines(cfg, counts, judge)
+    lines += _table_lines(cfg, stats)
+    lines += ["## Columns", "",
+              "`prompt`, `chosen`, `rejected` (chat messages); audit columns: `prompt_id`, "
+              "`domain`, `chosen_sample_idx`/`rejected_sample_idx`, `*_critique`, `*_rating`, "
+              "`*_similarity`, `*_score`, `zeta`, and `chosen_origin`/`rejected_origin` (who "
+              "wrote each response: the policy, or the source's model name).", "",
+              "## The config that made it", "", "```yaml",
+              yaml.safe_dump(card_config(cfg), sort_keys=False).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _source_lines(cfg: Config, scored: list[dict[str, Any]], source: dict[str, Any]
+                  ) -> list[str]:
+    if cfg.generation.source is None:
+        return ["## Responses", "",
+                f"Sampled by the policy `{cfg.policy.model}`: k={cfg.generation.k} per prompt, "
+                f"temperature {cfg.generation.temperature:g}, top_p {cfg.generation.top_p:g}, "
+                f"at most {cfg.generation.max_new_tokens} new tokens.", ""]
+    origins: dict[str, int] = {}
+    for r in scored:
+        name = r.get("origin") or "(not given)"
+        origins[name] = origins.get(name, 0) + 1
+    listed = ", ".join(f"`{k}` ({v})" for k, v in sorted(origins.items()))
+    return ["## Responses", "",
+            f"Not sampled: read from `{cfg.generation.source}` (shape "
+            f"{source.get('generate/source_shape', cfg.generation.source_shape)}, sha256 "
+            f"`{source.get('generate/source_sha256', 'unknown')}`). Origins: {listed}. "
+            f"{source.get('generate/source_too_few_responses', 0)} prompts of the source had "
+            "fewer than two responses and were left out.", ""]
+
+
+def _judge_lines(cfg: Config, judge_model: str | None) -> list[str]:
+    j = cfg.judge
+    return ["## Judge", "",
+            f"Role `{j.role}`, model `{judge_model}`, mode `{j.mode}`, prompt `{j.prompt}` "
+            f"(instructions in the {j.instructions_in} message; greedy, then up to "
+            f"{j.max_retries} sampled retries at temperature {j.retry_temperature:g}). "
+            f"Embedder `{cfg.scoring.embedder}`, zeta {cfg.scoring.zeta:g}.", "",
+            "The judge's instructions:", "", "```text",
+            build_judge_instructions(j.criteria, j.mode, j.prompt), "```", ""]
+
+
+def _count_lines(cfg: Config, counts: dict[str, int], judge: dict[str, Any]) -> list[str]:
+    p = cfg.pairs
+    rows = [("pairs", counts.get("pairs/count", 0)),
+            ("prompts", counts.get("pairs/prompts", 0)),
+            ("ties", counts.get("pairs/ties", 0)),
+            ("ties dropped", counts.get("pairs/ties_dropped", 0)),
+            ("ties kept (first / random)", f"{counts.get('pairs/ties_kept_first', 0)} / "
+                                           f"{counts.get('pairs/ties_kept_random', 0)}"),
+            ("prompts with fewer than two parsed judgements",
+             counts.get("pairs/prompts_too_few_parsed", 0)),
+            ("judgements", judge["judge/count"]),
+            ("failed judgements (no parse after retries)", judge["judge/parse_failed"]),
+            ("echoed rubrics (among the failed)", judge["judge/echoed_rubric"])]
+    return ["## Ties and counts", "",
+            f"Strategy `{p.strategy}`; tie policy `{p.tie_policy}`: two scores within "
+            f"{p.tie_tolerance:g} on the 1-10 scale tie. Failed judgements "
+            f"({cfg.judge.on_parse_failure}) "
+            + ("are left out of ranking." if cfg.judge.on_parse_failure == "exclude" else
+               "are scored as in the authors' code (rating_norm 0 / rating alone).") + "", "",
+            "| what | count |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+
+
+def _table_lines(cfg: Config, stats: dict[str, Any]) -> list[str]:
+    systems = [(s, label) for s, label in _SYSTEMS if f"pairs/tie_rate/{s}" in stats]
+    if not systems:
+        return []
+    lines = ["## Tie rate and delta (within-prompt sample pairs, 1-10 scale)", "",
+             "| metric | " + " | ".join(label for _, label in systems) + " |",
+             "|---" * (len(systems) + 1) + "|"]
+    for label, key, pct in (("tie rate", "tie_rate", True), ("mean abs delta", "delta", False),
+                            ("mean best-worst delta", "delta_best_worst", False)):
+        cells = [_fmt(stats.get(f"pairs/{key}/{s}"), pct) for s, _ in systems]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + ["", f"mixed: zeta={cfg.scoring.zeta:g}.", ""]
+
+
+def _fmt(value: Any, pct: bool) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.1f}%" if pct else f"{value:.3f}"

@@ -1,0 +1,139 @@
+"""A blind evaluation (eval.json, compare.json) as markdown: eval.md, compare.md and the run
+report's section all use these lines, so every page labels each number the same way.
+
+The order is what a reader needs first: the mechanical-numbers warning, the power statement
+(can a result of this size be significant at all?), then the pre-specified primary comparison
+with its own unadjusted test, then the whole Holm family. Each interval sits beside the rate
+it belongs to, with ties in or out said in the label.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def cell(text: Any) -> str:
+    """Free text safe inside a markdown table cell (no breaks, `|` and HTML escaped)."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+
+
+def num(x: Any, digits: int = 3) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "-" if x is None else cell(x)
+    if isinstance(x, float) and math.isnan(x):
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def pval(x: Any) -> str:
+    return num(x) if not isinstance(x, float) else f"{x:.3g}"
+
+
+def interval(x: Any) -> str:
+    if isinstance(x, (list, tuple)) and len(x) == 2:
+        return f"[{num(float(x[0]))}, {num(float(x[1]))}]"
+    return "-"
+
+
+def header_lines(doc: dict[str, Any]) -> list[str]:
+    """Warnings first: mechanical numbers, then the power statement."""
+    lines = []
+    if doc.get("mechanical_warning"):
+        lines += [f"> **Mechanical numbers.** {cell(doc['mechanical_warning'])}", ""]
+    if doc.get("power_statement"):
+        lines += [f"> **Power.** {cell(doc['power_statement'])} (min attainable p, one "
+                  f"comparison: {pval(doc.get('min_attainable_p'))}; Holm over the family: "
+                  f"{pval(doc.get('min_attainable_p_holm'))}.)", ""]
+    return lines
+
+
+def _ties(c: dict[str, Any]) -> str:
+    split = c.get("ties_split") or {}
+    if not split:
+        return str(c.get("ties", "-"))
+    return (f"{c.get('ties')} ({split.get('real', 0)} real, {split.get('order_disagreement', 0)} "
+            f"order disagreements, {split.get('identical', 0)} identical answers)")
+
+
+def primary_lines(doc: dict[str, Any]) -> list[str]:
+    """The pre-specified comparison, every number labelled, its own test unadjusted."""
+    prim = next((c for c in doc.get("comparisons", []) if c.get("primary")), None)
+    if prim is None:
+        return []
+    n_family = len(doc.get("comparisons", []))
+    s = prim.get("sensitivity") or {}
+    bootstrap = (f"paired bootstrap 95% {interval(prim.get('bootstrap_95'))}"
+                 if prim.get("bootstrap_95") else cell(prim.get("bootstrap_note") or "no interval"))
+    agree = prim.get("order_agreement")
+    agree_text = (f"{num(agree)}, the share of the {prim.get('orders_compared')} prompt(s) asked "
+                  "in both orders whose two verdicts named the same answer (low agreement is "
+                  "position bias)" if agree is not None else "- (no prompt asked in both orders)")
+    lines = [f"**Primary comparison (pre-specified): {cell(prim['name'])}**",
+             f"- a = `{cell(prim.get('a'))}`, b = `{cell(prim.get('b'))}`; n = {prim.get('n')}: "
+             f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
+             f"{prim.get('failures')} failed verdicts.",
+             f"- Sign test, ties left out: decisive rate wins / (wins + losses) = "
+             f"{num(prim.get('decisive_rate'))}, exact Clopper-Pearson 95% "
+             f"{interval(prim.get('decisive_95'))}, p = {pval(prim.get('p_value'))} "
+             f"(unadjusted; Holm over the {n_family} comparison(s) below: "
+             f"{pval(prim.get('p_holm'))}).",
+             f"- Win rate, ties counted as half: {num(prim.get('win_rate'))}, {bootstrap}.",
+             f"- Order agreement: {agree_text}.",
+             f"- Sensitivity (failed verdicts in, ties half): {num(s.get('failures_as_losses'))} "
+             f"with failures as losses, {num(s.get('failures_as_wins'))} as wins.",
+             f"- Length-adjusted win rate (logistic fit on these prompts; not AlpacaEval's "
+             f"length-controlled rate): {num(prim.get('length_adjusted_win_rate'))}, slope "
+             f"{num(prim.get('length_slope'))}, bootstrap 95% "
+             f"{interval(prim.get('length_adjusted_95'))}"
+             + (f" ({cell(prim['length_note'])})" if prim.get("length_note") else "") + "."]
+    # One paragraph per line: report.html turns each blank-line block into a paragraph.
+    return [x for line in lines for x in (line, "")]
+
+
+TABLE_HEAD = ("| comparison | n | wins / losses / ties | failures | ties: real / order "
+              "disagreement / identical | order agreement | decisive rate (ties out) | "
+              "Clopper-Pearson 95% (ties out) | sign-test p (ties out) | p (Holm) | win rate "
+              "(ties half) | paired bootstrap 95% (ties half) | failures as losses / as wins | "
+              "length-adjusted (slope) |")
+
+
+def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
+    lines = [TABLE_HEAD, "|" + "---|" * 14]
+    for c in comparisons:
+        split = c.get("ties_split") or {}
+        ties = " / ".join(str(split.get(k, 0)) for k in ("real", "order_disagreement",
+                                                         "identical")) if split else "-"
+        s = c.get("sensitivity") or {}
+        boot = interval(c.get("bootstrap_95")) if c.get("bootstrap_95") else \
+            ("none: all outcomes equal" if "equal" in str(c.get("bootstrap_note")) else "-")
+        name = cell(c.get("name", "")) + (" (primary)" if c.get("primary") else "")
+        lines.append("| " + " | ".join([
+            name, num(c.get("n")),
+            " / ".join(num(c.get(k)) for k in ("wins", "losses", "ties")),
+            num(c.get("failures")), ties, num(c.get("order_agreement")),
+            num(c.get("decisive_rate")), interval(c.get("decisive_95")),
+            pval(c.get("p_value")), pval(c.get("p_holm")), num(c.get("win_rate")), boot,
+            f"{num(s.get('failures_as_losses'))} / {num(s.get('failures_as_wins'))}",
+            f"{num(c.get('length_adjusted_win_rate'))} ({num(c.get('length_slope'))})",
+        ]) + " |")
+    return lines
+
+
+LEGEND = ("Sign test: exact two-sided binomial test of wins against losses, ties left out; its "
+          "interval is the exact Clopper-Pearson interval of the decisive rate wins / (wins + "
+          "losses), so p < 0.05 exactly when 0.5 lies outside it. Win rate: ties counted as "
+          "half, with a paired bootstrap interval over prompts (no interval when every outcome "
+          "is equal). p (Holm): adjusted over every comparison of the table. Failed verdicts "
+          "count for neither side (the sensitivity column counts them as losses, then as "
+          "wins). Order agreement: share of prompts asked in both orders where both orders "
+          "named the same answer (or both a tie). Length-adjusted: a logistic regression on the "
+          "length difference, read at zero; the slope is fitted on these prompts alone.")
+
+
+def evaluation_body(doc: dict[str, Any]) -> list[str]:
+    """Warnings, primary comparison, every comparison with the legend."""
+    return [*header_lines(doc), *primary_lines(doc), "**Every comparison (Holm family)**", "",
+            LEGEND, "", *comparison_table(doc.get("comparisons", [])), ""]

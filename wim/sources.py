@@ -1,0 +1,244 @@
+"""Responses that already exist (`generation.source`): read them instead of sampling.
+
+A source is a .jsonl/.json/.csv/.parquet file, a folder saved with `datasets`' `save_to_disk`,
+or a `datasets` name (read by wim/prompts.py's row reader, so prompts are checked the same way
+as `prompts.source`: a string or chat messages ending on a user turn, optional id and domain).
+Three shapes (`generation.source_shape`; `auto` picks one by the columns):
+- `responses`: a prompt and a list of responses (strings, or objects with a model name and a
+  response);
+- `ultrafeedback`: a prompt (or UltraFeedback's `instruction`) and `completions`, objects with
+  `model`, `response` and optionally a rating (`overall_score`);
+- `preference`: prompt, chosen and rejected (strings, or TRL's chat lists); the two sides
+  become samples 0 and 1 and keep their label.
+Column and key names are configurable (`generation.source_columns`). A bad row raises
+`SourceError` naming the file, the row and what was expected; a prompt with fewer than two
+responses is counted and left out (it cannot give a pair).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wim.errors import WimError
+from wim.prompts import Prompt, _build_prompts, _is_missing, read_rows
+
+logger = logging.getLogger(__name__)
+
+SHAPES = ("auto", "responses", "ultrafeedback", "preference")
+COLUMN_KEYS = ("prompt", "id", "domain", "responses", "completions", "model", "response",
+               "rating", "chosen", "rejected")
+_DEFAULTS = {"prompt": "prompt", "id": "id", "domain": "domain", "responses": "responses",
+             "completions": "completions", "model": "model", "response": "response",
+             "rating": "overall_score", "chosen": "chosen", "rejected": "rejected"}
+LABEL = "Response source"
+_FILE_SHA: dict[tuple[str, int, int], str] = {}
+
+
+class SourceError(WimError):
+    """A response source that cannot be read as configured; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SourcedResponse:
+    text: str
+    origin: str
+    """Who wrote it: the model name where the source gives one, else ""."""
+    label: str | None = None
+    """`chosen` or `rejected` (preference shape): the source's own preference."""
+    rating: float | None = None
+    """The source's rating of this response (UltraFeedback's overall_score), if any."""
+
+
+@dataclass(frozen=True)
+class SourcedPrompt:
+    prompt: Prompt
+    responses: tuple[SourcedResponse, ...]
+
+
+@dataclass(frozen=True)
+class SourceSet:
+    """What a source holds: the prompts with at least two responses, and what was left out."""
+
+    prompts: list[SourcedPrompt]
+    too_few: list[str]
+    """Ids of prompts with fewer than two responses (not judged, not paired)."""
+    shape: str
+    rows: int
+
+
+def load_source(source: str, split: str = "train", shape: str = "auto",
+                columns: dict[str, str] | None = None, limit: int | None = None) -> SourceSet:
+    """Read every row of `source` (all rows are checked), keep the first `limit` prompts."""
+    rows, origin = read_rows(source, split, None, label=LABEL, column=None)
+    if not rows:
+        raise SourceError(f"{origin} holds no rows. Add one row per prompt with its responses.")
+    names = {**_DEFAULTS, **(columns or {})}
+    first = rows[0][1]
+    if not isinstance(first, dict):
+        raise SourceError(f"{origin}, {rows[0][0]}: expected an object (one prompt with its "
+                          f"responses), got {type(first).__name__}.")
+    if "prompt" not in (columns or {}) and "prompt" not in first and "instruction" in first:
+        names["prompt"] = "instruction"  # UltraFeedback's own column name
+    shape = _pick_shape(shape, first, names, origin)
+    prompt_rows, responses = [], []
+    for where, record in rows:
+        here = f"{origin}, {where}"
+        if not isinstance(record, dict):
+            raise SourceError(f"{here}: expected an object, got {type(record).__name__}. "
+                              f"{_expected(shape, names)}")
+        if _is_missing(record.get(names["prompt"])):
+            raise SourceError(f"{here}: missing {names['prompt']!r}. {_expected(shape, names)}")
+        prompt_rows.append((where, {"prompt": record[names["prompt"]],
+                                    "id": record.get(names["id"]),
+                                    "domain": record.get(names["domain"])}))
+        responses.append(_responses(record, shape, names, here))
+    prompts = _build_prompts(prompt_rows, origin)
+    kept = [SourcedPrompt(p, r) for p, r in zip(prompts, responses, strict=True) if len(r) >= 2]
+    too_few = [p.id for p, r in zip(prompts, responses, strict=True) if len(r) < 2]
+    if too_few:
+        logger.warning("%d prompts of %s have fewer than two responses and are skipped",
+                       len(too_few), source)
+    kept = kept[:limit] if limit is not None else kept
+    if not kept:
+        raise SourceError(f"{origin}: no prompt has two or more responses, so no pair can be "
+                          f"built. {_expected(shape, names)}")
+    return SourceSet(prompts=kept, too_few=too_few, shape=shape, rows=len(rows))
+
+
+def _pick_shape(shape: str, first: dict, names: dict[str, str], origin: str) -> str:
+    if shape != "auto":
+        return shape
+    if names["chosen"] in first and names["rejected"] in first:
+        return "preference"
+    if names["completions"] in first:
+        return "ultrafeedback"
+    if names["responses"] in first:
+        return "responses"
+    raise SourceError(
+        f"{origin}: cannot tell its shape from the columns ({', '.join(map(str, first))}). "
+        f"Expected {names['responses']!r} (a list of responses), {names['completions']!r} "
+        f"(UltraFeedback's completions) or {names['chosen']!r} and {names['rejected']!r}; set "
+        "generation.source_shape and, where your names differ, generation.source_columns."
+    )
+
+
+def _expected(shape: str, n: dict[str, str]) -> str:
+    if shape == "preference":
+        return (f"Each row needs {n['prompt']!r}, {n['chosen']!r} and {n['rejected']!r} (strings, "
+                "or chat-message lists whose last assistant message is the response).")
+    if shape == "ultrafeedback":
+        return (f"Each row needs {n['prompt']!r} and {n['completions']!r}: a list of objects "
+                f"with {n['model']!r} and {n['response']!r} (and optionally a number "
+                f"{n['rating']!r}).")
+    return (f"Each row needs {n['prompt']!r} and {n['responses']!r}: a list of strings, or of "
+            f"objects with {n['response']!r} and optionally {n['model']!r}.")
+
+
+def _as_list(value: Any) -> Any:
+    """Parquet lists arrive as numpy arrays; a CSV cell can only hold a list as JSON text."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _responses(record: dict, shape: str, n: dict[str, str], where: str
+               ) -> tuple[SourcedResponse, ...]:
+    if shape == "preference":
+        out = []
+        for side in ("chosen", "rejected"):
+            text = _text(_as_list(record.get(n[side])), f"{where}, {n[side]!r}", shape, n)
+            out.append(SourcedResponse(text, origin="", label=side))
+        return tuple(out)
+    key = n["completions"] if shape == "ultrafeedback" else n["responses"]
+    items = _as_list(record.get(key))
+    if _is_missing(items):
+        items = []
+    if not isinstance(items, list):
+        raise SourceError(f"{where}: {key!r} is a {type(items).__name__}, not a list. "
+                          f"{_expected(shape, n)}")
+    out = []
+    for number, item in enumerate(items, start=1):
+        at = f"{where}, {key!r} entry {number}"
+        if isinstance(item, str) and shape == "responses":
+            out.append(SourcedResponse(item, origin=""))
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get(n["response"]), str):
+            raise SourceError(f"{at}: expected an object with a string {n['response']!r}, got "
+                              f"{str(item)[:80]!r}. {_expected(shape, n)}")
+        model = item.get(n["model"])
+        origin = "" if _is_missing(model) else str(model)
+        out.append(SourcedResponse(item[n["response"]], origin=origin,
+                                   rating=_rating(item.get(n["rating"]), at, n["rating"])))
+    return tuple(out)
+
+
+def _text(value: Any, where: str, shape: str, n: dict[str, str]) -> str:
+    """A response: a string, or the last assistant message of a chat list."""
+    if isinstance(value, list):
+        texts = [m.get("content") for m in value
+                 if isinstance(m, dict) and m.get("role") == "assistant"]
+        value = texts[-1] if texts else None
+    if not isinstance(value, str):
+        raise SourceError(f"{where}: expected a string or a chat list with an assistant message, "
+                          f"got {str(value)[:80]!r}. {_expected(shape, n)}")
+    return value
+
+
+def _rating(value: Any, where: str, key: str) -> float | None:
+    if _is_missing(value) or value == "":
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise SourceError(f"{where}: {key!r} must be a number (the source's rating), got {value!r}; "
+                      "fix it, or point generation.source_columns.rating at another key.")
+
+
+def source_sha256(source: str, split: str = "train") -> str:
+    """sha256 of the source's content: a file's bytes, a saved folder's files (names and bytes),
+    or for a `datasets` name, the fingerprint `datasets` computes for that split."""
+    path = Path(source).expanduser()
+    digest = hashlib.sha256()
+    if path.is_file():
+        # Every stage's fingerprint asks; a large file is hashed once per change.
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in _FILE_SHA:
+            _add_file(digest, path)
+            _FILE_SHA[key] = digest.hexdigest()
+        return _FILE_SHA[key]
+    elif path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+            _add_file(digest, file)
+    else:
+        try:
+            import datasets
+
+            fingerprint = datasets.load_dataset(source, split=split)._fingerprint
+        except Exception as e:  # the loader raises the clear error when the stage runs
+            raise SourceError(f"generation.source {source!r} is not a file or folder, and it "
+                              f"could not be loaded as a dataset ({type(e).__name__}: {e}).") from e
+        digest.update(f"{source}:{split}:{fingerprint}".encode())
+    return digest.hexdigest()
+
+
+def _add_file(digest, path: Path) -> None:
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
