@@ -66,7 +66,6 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.slow
 def _count_model_loads(monkeypatch) -> list[str]:
     """Every `PreTrainedModel.from_pretrained` from now on, by class name (the test's list)."""
     from transformers import PreTrainedModel
@@ -82,6 +81,7 @@ def _count_model_loads(monkeypatch) -> list[str]:
     return loads
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_redoes_nothing(finished, tmp_path: Path, monkeypatch,
                                                  capsys, caplog) -> None:
     original, cmd = finished
