@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,8 +300,21 @@ def test_numeric_baseline_run(tmp_path: Path) -> None:
     judgements = read_records(out / "judgements.jsonl")
     assert len(judgements) == 8
     assert all(j["critique"] is None for j in judgements)
-    # Rating only: a handful of tokens per judgement, not a critique.
-    assert all(j["completion_tokens"] <= 4 * j["attempts"] for j in judgements)
+    # Rating only: after the "Rating:" prefill the model wrote one line, the rating parsed from
+    # it, and the tokens counted are that line's (plus the end or newline token it stopped on).
+    from transformers import AutoTokenizer
+
+    from wim.models import resolve_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm("bundled:smollm2-135m-instruct"))
+    for j in judgements:
+        rated = j["raw_judge_text"].removeprefix("Rating:")
+        assert rated.strip() and "\n" not in rated, j["raw_judge_text"]
+        if j["parse_ok"]:
+            assert j["rating"] == int(re.match(r"\s*(\d+)", rated)[1]), j["raw_judge_text"]
+        if j["attempts"] == 1:  # the count covers every attempt; the text only the last
+            written = len(tokenizer(rated, add_special_tokens=False).input_ids)
+            assert j["completion_tokens"] - written in (0, 1), j
     report = json.loads((out / "report.json").read_text())
     assert "pairs/tie_rate/numeric" in report and "pairs/tie_rate/wim" not in report
     card = (out / "pairs" / "README.md").read_text()  # written whether or not a pair survived
