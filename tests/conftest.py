@@ -208,6 +208,23 @@ def http_overrides(url: str) -> list[str]:
             "scoring.zeta=0"]
 
 
+def check_two_step_judgement(raw: str, critique: str | None, rating: int | None,
+                             parse_ok: bool) -> None:
+    """A judgement of the two prefilled steps ("Missing:" + the model's critique, then
+    "\nRating:" + the model's rating): the model wrote both parts, and what was parsed is what
+    it wrote there (the prefills are the code's own text, so they prove nothing)."""
+    import re
+
+    written, _, rated = raw.removeprefix("Missing:").partition("\nRating:")
+    assert written.strip() and rated.strip(), raw  # the model's parts, not only the prefills
+    if not parse_ok:
+        return
+    if critique:  # "" when the model wrote a nothing-missing form ("None.")
+        assert critique == " ".join(written.split()), raw
+    number = re.match(r"\s*(\d+)", rated)
+    assert number is not None and rating == int(number[1]), raw
+
+
 # Pairs whose chosen side is clearly better: a correct, complete answer against garbage.
 GOOD_VS_GARBAGE = [
     ("How many legs does a spider have?", "A spider has eight legs.", "zq xv blorp 7 ## kk"),

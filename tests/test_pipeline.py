@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import yaml
 from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
 
+from wim.cli import main
 from wim.records import read_records, record_key
 
 REPORT_KEYS = [
@@ -173,16 +175,70 @@ def _kill_when(cmd: list[str], path: Path, min_lines: int) -> None:
     proc.wait()
 
 
+def _surviving(path: Path) -> bytes:
+    """The complete lines a killed run left (a torn last line is cut off on resume)."""
+    data = path.read_bytes()
+    return data[:data.rfind(b"\n") + 1]
+
+
+def _count_calls(monkeypatch) -> list[tuple[str, int, float]]:
+    """Every TransformersBackend.generate call in this process: (policy or judge, how many
+    conversations, temperature). The judge prefills its turn; the policy does not."""
+    from wim.backends import TransformersBackend
+
+    calls: list[tuple[str, int, float]] = []
+    real = TransformersBackend.generate
+
+    def counted(self, conversations, params, **kwargs):
+        role = "policy" if kwargs.get("prefill") is None else "judge"
+        calls.append((role, len(conversations), params.temperature))
+        return real(self, conversations, params, **kwargs)
+
+    monkeypatch.setattr(TransformersBackend, "generate", counted)
+    return calls
+
+
+def _batches_missing(reference_run: Path, have: bytes) -> int:
+    """Batches (2 prompts x 2 samples, in the reference run's order) with a record not in
+    `have`."""
+    order = list(dict.fromkeys(r["prompt_id"] for r in read_records(reference_run /
+                                                                    "samples.jsonl")))
+    kept = {record_key(json.loads(line)) for line in have.splitlines()}
+    batches = [order[i:i + 2] for i in range(0, len(order), 2)]
+    return sum(any((p, j) not in kept for p in batch for j in range(2)) for batch in batches)
+
+
 @pytest.mark.slow
-def test_sigkill_and_resume_equals_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:
+def test_sigkill_and_resume_equals_uninterrupted_run(reference_run: Path, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    """Killed mid-generation, then mid-judging: each resume keeps the records that survived
+    (byte for byte, at the head of the file) and generates or judges only the batches that
+    miss a record; the end result equals the uninterrupted run's."""
     out = tmp_path / "killed"
-    cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
-           *sets(EIGHT)]
-    _kill_when(cmd, out / "samples.jsonl", 3)  # mid-generation
-    assert 3 <= _lines(out / "samples.jsonl") < 16
-    _kill_when(cmd, out / "judgements.jsonl", 3)  # mid-judging
-    assert _lines(out / "judgements.jsonl") < 16
-    run_wim(cmd)
+    args = ["--out", str(out), "--no-progress", *sets(EIGHT)]
+    cmd = ["run", str(QUICKSTART), "--skip-train", *args]
+    _kill_when(cmd, out / "samples.jsonl", 5)  # mid-generation, the first batch written
+    samples = _surviving(out / "samples.jsonl")
+    assert 4 <= samples.count(b"\n") < 16
+    calls = _count_calls(monkeypatch)
+    assert main(["generate", str(QUICKSTART), *args]) == 0  # in this process, counted
+    assert out.joinpath("samples.jsonl").read_bytes().startswith(samples)
+    # Only the batches that missed a sample were generated again (two prompts each).
+    assert calls and {role for role, _, _ in calls} == {"policy"}
+    assert sum(n for _, n, _ in calls) == 2 * _batches_missing(reference_run, samples) < 8
+
+    _kill_when(cmd, out / "judgements.jsonl", 5)  # mid-judging
+    judgements = _surviving(out / "judgements.jsonl")
+    assert 4 <= judgements.count(b"\n") < 16  # judging had begun, and not finished
+    calls.clear()
+    assert main(cmd) == 0
+    assert out.joinpath("samples.jsonl").read_bytes().startswith(samples)
+    assert out.joinpath("judgements.jsonl").read_bytes().startswith(judgements)
+    # No sample was generated again; only the batches that missed a judgement were judged
+    # (first attempts are greedy: later ones are retries of parse failures).
+    first_attempts = [n for role, n, t in calls if role == "judge" and t == 0.0]
+    assert {role for role, _, _ in calls} == {"judge"}
+    assert sum(first_attempts) == 4 * _batches_missing(reference_run, judgements) < 16
     for name in ("samples.jsonl", "judgements.jsonl", "scores.jsonl"):
         _same_records(reference_run, out, name)
     assert len(read_records(out / "samples.jsonl")) == 16
@@ -244,8 +300,21 @@ def test_numeric_baseline_run(tmp_path: Path) -> None:
     judgements = read_records(out / "judgements.jsonl")
     assert len(judgements) == 8
     assert all(j["critique"] is None for j in judgements)
-    # Rating only: a handful of tokens per judgement, not a critique.
-    assert all(j["completion_tokens"] <= 4 * j["attempts"] for j in judgements)
+    # Rating only: after the "Rating:" prefill the model wrote one line, the rating parsed from
+    # it, and the tokens counted are that line's (plus the end or newline token it stopped on).
+    from transformers import AutoTokenizer
+
+    from wim.models import resolve_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm("bundled:smollm2-135m-instruct"))
+    for j in judgements:
+        rated = j["raw_judge_text"].removeprefix("Rating:")
+        assert rated.strip() and "\n" not in rated, j["raw_judge_text"]
+        if j["parse_ok"]:
+            assert j["rating"] == int(re.match(r"\s*(\d+)", rated)[1]), j["raw_judge_text"]
+        if j["attempts"] == 1:  # the count covers every attempt; the text only the last
+            written = len(tokenizer(rated, add_special_tokens=False).input_ids)
+            assert j["completion_tokens"] - written in (0, 1), j
     report = json.loads((out / "report.json").read_text())
     assert "pairs/tie_rate/numeric" in report and "pairs/tie_rate/wim" not in report
     card = (out / "pairs" / "README.md").read_text()  # written whether or not a pair survived

@@ -8,7 +8,15 @@ import secrets
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, SHRUNK, FlakyServer, http_overrides, run_wim, sets
+from conftest import (
+    QUICKSTART,
+    SHRUNK,
+    FlakyServer,
+    check_two_step_judgement,
+    http_overrides,
+    run_wim,
+    sets,
+)
 
 from wim.records import read_records
 
@@ -70,8 +78,10 @@ def test_llama_cpp_policy_and_judge_run(tmp_path: Path) -> None:
     samples = read_records(out / "samples.jsonl")
     judgements = read_records(out / "judgements.jsonl")
     assert len(samples) == len(judgements) == 8
-    # llama.cpp cannot use the guided format, so the judge runs in two prefilled steps.
-    assert all(j["raw_judge_text"].startswith("Missing:") for j in judgements)
-    assert all("\nRating:" in j["raw_judge_text"] for j in judgements)
+    # llama.cpp cannot use the guided format, so the judge runs in two prefilled steps; the
+    # records hold what the model wrote in each and what that parsed to.
+    for j in judgements:
+        check_two_step_judgement(j["raw_judge_text"], j["critique"], j["rating"], j["parse_ok"])
+    assert any(j["parse_ok"] for j in judgements)
     report = json.loads((out / "report.json").read_text())
     assert report["tokens/policy/out"] == sum(s["completion_tokens"] for s in samples)

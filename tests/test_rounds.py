@@ -24,7 +24,29 @@ def _judge_items(run: Path, n: int = 6) -> list[tuple[str, str]]:
     return [(s["prompt"], s["response"]) for s in samples[:n]]
 
 
-def _raw(overrides: list[str], items) -> list[str]:
+def _recorded(run: Path, n: int = 6) -> list[str]:
+    """The raw texts rounds/2/judgements.jsonl holds for `_judge_items(run, n)`."""
+    samples = [json.loads(line) for line in (run / "rounds" / "2" / "samples.jsonl").open()]
+    raws = {(j["prompt_id"], j["sample_idx"]): j["raw_judge_text"]
+            for j in map(json.loads, (run / "rounds" / "2" / "judgements.jsonl").open())}
+    return [raws[s["prompt_id"], s["sample_idx"]] for s in samples[:n]]
+
+
+def _rejudged(run: Path, overrides: list[str]) -> list[str]:
+    """Round 2's first generation batch (2 prompts x 2 samples, the first four lines of its
+    samples.jsonl) judged again exactly as the run judged it: the same four items in one call,
+    the batch's seed, and the dtype the run computed in (bfloat16 and float32 texts differ)."""
+    import yaml
+
+    from data_gen.stages import batch_seed
+
+    resolved = yaml.safe_load((run / "rounds" / "2" / "resolved_config.yaml").read_text())
+    dtype = resolved["config"]["policy"]["dtype"]
+    return _raw([*overrides, f"policy.dtype={dtype}"], _judge_items(run, 4),
+                seed=batch_seed(resolved["config"]["seed"], "judge", 0))
+
+
+def _raw(overrides: list[str], items, seed: int = 0) -> list[str]:
     from data_gen.pipeline import Resources
     from wim.config import load_config
 
@@ -32,7 +54,7 @@ def _raw(overrides: list[str], items) -> list[str]:
     res = Resources(load_config(QUICKSTART, [*SHRUNK, "judge.max_retries=0",
                                              "policy.dtype=float32", *overrides]))
     try:
-        return [j.raw for j in res.judge().judge(items, seed=0)]
+        return [j.raw for j in res.judge().judge(items, seed=seed)]
     finally:
         res.close()
 
@@ -67,6 +89,11 @@ def test_two_rounds_changing_judge(tmp_path: Path, monkeypatch) -> None:
     base = _raw(["judge.role=fixed"], items)
     assert fixed == base
     assert changing != fixed
+    # What round 2 recorded is what round 1's adapter writes, and not what the base model
+    # alone writes, on the same call.
+    assert _recorded(run, 4) == _rejudged(run, [f"policy.adapter={adapter1}",
+                                                "judge.role=changing"])
+    assert _recorded(run, 4) != _rejudged(run, ["judge.role=fixed"])
     _check_wandb(tmp_path / "wandb", run)
     # A finished run is not redone: every stage of both rounds is skipped.
     again = run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
@@ -119,3 +146,6 @@ def test_two_rounds_fixed_judge_loads_the_weights_once(tmp_path: Path, monkeypat
     assert report["round/2/train/steps"] == 1
     round2 = [json.loads(line) for line in (run / "rounds/2/judgements.jsonl").open()]
     assert {j["judge_role"] for j in round2} == {"fixed"}
+    # Round 2 was judged by the base model: the base model alone (no adapter, a fresh load),
+    # judging round 2's first batch greedily as the run did, writes the recorded texts.
+    assert _rejudged(run, ["judge.role=fixed"]) == _recorded(run, 4)

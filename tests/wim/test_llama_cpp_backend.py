@@ -28,12 +28,22 @@ def backend():
     backend.close()
 
 
+def _tokens(backend, text: str) -> int:
+    return len(backend.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
 def test_n_completions_with_token_counts(backend):
     results = backend.generate(CONVS, PARAMS, n=2, seed=1)
     assert [len(row) for row in results] == [2, 2]
-    for c in (c for row in results for c in row):
-        assert c.ok and c.text.strip()
-        assert c.prompt_tokens > 10 and 0 < c.completion_tokens <= 16
+    for conv, row in zip(CONVS, results, strict=True):
+        for c in row:
+            assert c.ok and c.text.strip()
+            # The model's own counts: the prompt as rendered, the text as it came back.
+            assert c.prompt_tokens == backend.count_tokens(conv)
+            assert c.completion_tokens == _tokens(backend, c.text)
+    # An answer that ends (end token) before the cap is counted as written, not as the cap.
+    [[short]] = backend.generate(CONVS[1:], SamplingParams(max_new_tokens=64, temperature=0.0))
+    assert short.completion_tokens == _tokens(backend, short.text) < 64
 
 
 def test_same_seed_same_text_whatever_came_before(backend):

@@ -47,11 +47,52 @@ def test_refine_writes_auditable_trajectories_and_a_policy_table(tmp_path):
             assert row["tokens_total"] <= table["hard_cap"]["tokens_total"]
     assert "mechanical" in (out / "refine" / "summary.md").read_text()
     assert (out / "plots" / "refine_quality_vs_tokens.png").stat().st_size > 1000
+    _check_decisions(out, rows)
+    # pairs_rule "accepted": one pair per prompt whose hard-cap trajectory retained a later
+    # attempt; chosen is that retained answer, rejected the first answer (attempt 0).
+    by_prompt = {}
+    for row in rows:
+        by_prompt.setdefault(row["prompt_id"], {})[row["attempt"]] = row
     pairs = [json.loads(line) for line in (out / "refine" / "pairs.jsonl").open()]
-    changed = sum(1 for r in rows if r["attempt"] == 2 and r["retained_attempt"] != 0)
-    assert len(pairs) == changed
+    retained = {pid: t[2]["retained_attempt"] for pid, t in by_prompt.items()}
+    assert sorted(p["prompt_id"] for p in pairs) == sorted(
+        pid for pid, kept in retained.items() if kept != 0)
     for p in pairs:
-        assert set(p) >= {"prompt", "chosen", "rejected"} and p["chosen"] != p["rejected"]
+        attempts = by_prompt[p["prompt_id"]]
+        assert p["chosen_attempt"] == retained[p["prompt_id"]]
+        assert p["chosen"] == [{"role": "assistant",
+                                "content": attempts[p["chosen_attempt"]]["answer"]}]
+        assert p["rejected"] == [{"role": "assistant", "content": attempts[0]["answer"]}]
+
+
+def _check_decisions(out, rows) -> None:
+    """Every logged decision, recomputed from the recorded scores, verdicts and flags by the
+    pure controller with the run's resolved settings; the retained attempt follows from it."""
+    import yaml
+
+    from wim.refine.controller import ControllerParams, Evaluation, decide
+
+    r = yaml.safe_load((out / "refine" / "resolved_config.yaml").read_text())["refine"]
+    params = ControllerParams(gamma=r["gamma"], tau_c=r["tau_c"],
+                              critical_guard=r["critical_guard"],
+                              penalties={k: dict(v) for k, v in r["penalties"].items()})
+    rules = set()
+    for pid in {row["prompt_id"] for row in rows}:
+        attempts = sorted((row for row in rows if row["prompt_id"] == pid),
+                          key=lambda row: row["attempt"])
+        evals = [Evaluation(a["scores"], a["verdict"], tuple(a["flags"])) for a in attempts]
+        held = 0
+        assert attempts[0]["retained_attempt"] == 0
+        for t in range(1, len(attempts)):
+            d = decide(evals[held], evals[t], params)
+            logged = attempts[t]["decision"]
+            assert (logged["accept"], logged["rule"]) == (d.accept, d.rule), (pid, t)
+            for key in ("gain", "candidate_aggregate", "retained_aggregate"):
+                assert logged[key] == pytest.approx(getattr(d, key)), (pid, t, key)
+            held = t if d.accept else held
+            assert attempts[t]["retained_attempt"] == held
+            rules.add(d.rule)
+    assert rules  # at least one decision was recomputed
 
 
 def test_refine_bad_config_names_the_key(tmp_path):
