@@ -275,7 +275,7 @@ def precompute_reference(cfg: Config, n_pairs: int, processes: int = 1) -> bool:
     return seen > n_pairs
 
 
-def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int = 0,
+def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int,
               processes: int = 1):
     """Build `trl.DPOConfig` from `cfg.dpo` (+ `extra`), checking `extra` keys by name first."""
     from trl import DPOConfig

@@ -10,6 +10,7 @@ from conftest import GOOD_VS_GARBAGE, QUICKSTART, write_pair_rows
 
 
 def _trainer(tmp_path: Path, compact: bool):
+    import torch
     from trl import DPOTrainer
 
     from training.cpu_head import use_compact_head
@@ -18,12 +19,20 @@ def _trainer(tmp_path: Path, compact: bool):
     from wim.models import load_causal_lm
 
     cfg = load_config(QUICKSTART, ["policy.dtype=float32", "dpo.max_steps=1",
-                                   "dpo.save_steps=0", "dpo.per_device_train_batch_size=4"])
+                                   "dpo.save_steps=0", "dpo.per_device_train_batch_size=4",
+                                   "dpo.reference_pass=per_step"])
     write_pair_rows(tmp_path / "pairs.jsonl", GOOD_VS_GARBAGE[:4])
     model, tokenizer = load_causal_lm(cfg.policy.model, dtype="float32")
-    trainer = DPOTrainer(model=model, args=_dpo_args(cfg, tmp_path / f"t{compact}", False),
+    trainer = DPOTrainer(model=model, args=_dpo_args(cfg, tmp_path / f"t{compact}", False, 4),
                          train_dataset=_load_pairs(tmp_path / "pairs.jsonl"),
                          processing_class=tokenizer, peft_config=lora_config(cfg))
+    # A fresh adapter's B is zero: the policy equals the reference, rewards are rounding noise
+    # and A gets no gradient. The same seeded B in both trainers makes them differ.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
     if compact:
         assert use_compact_head(trainer)  # on this CPU: no Triton
     return trainer
@@ -57,8 +66,9 @@ def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypa
     monkeypatch.setattr(trl.kernels, "ChunkedLogProbFunction", Counted)
     batch, compact_loss, compact_grads, compact_metrics = _step(_trainer(tmp_path, compact=True))
 
-    assert compact_loss == pytest.approx(loss, abs=1e-6)
-    assert grads.keys() == compact_grads.keys() and grads  # the LoRA weights
+    assert compact_loss == pytest.approx(loss, abs=1e-6) and abs(loss - 0.6931) > 1e-3
+    assert grads.keys() == compact_grads.keys() and grads  # the LoRA weights, A and B
+    assert all(grad.abs().max() > 0 for grad in grads.values())
     for name, grad in grads.items():
         assert (compact_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max() + 1e-7, name
     assert compact_metrics.keys() == metrics.keys()
