@@ -10,9 +10,11 @@ float32 per tile, passed over a dozen times by the elementwise folds. On a CPU t
 traffic, not the matrix products, was most of a DPO step, in float32 and in bfloat16 alike.
 
 `score_completions_only` wraps the model's TRL forward: a call with `fused_lm_head=True` runs the
-backbone, keeps the completion positions, and feeds them to the same kernel in tiles of
-`TOKEN_TILE` tokens x `VOCAB_TILE` columns (a few MB, so the folds stay in cache). The result has
-the same fields, shapes and values (to float rounding) as TRL's; any call it does not handle
+backbone, keeps the completion positions, and feeds them `TOKEN_TILE` at a time to
+`training.cpu_logprobs.completion_log_probs`, the same computation as TRL's kernel with the
+arithmetic a CPU pays for (4096-column tiles of a few MB, so the folds stay in cache; in
+bfloat16 no float32 upcast for the gradient's product). The result has the same fields, shapes
+and values (to float rounding) as TRL's; any call it does not handle
 (other models' logit scaling or softcapping, pre-shifted labels, MoE router losses) goes to
 TRL's forward unchanged.
 """
@@ -23,10 +25,9 @@ import functools
 import types
 from typing import Any
 
-#: Tokens per kernel call and vocabulary columns per tile: measured on a 2-core CPU
-#: (tests/benchmarks/results/cpu_head.txt), where TRL's 4096 x 32768 tiles took 1.5-2.2x as long.
+#: Tokens per kernel call: measured on a 2-core CPU (tests/benchmarks/results/cpu_head.txt);
+#: it also bounds the kernel's bfloat16 gradient buffer (TOKEN_TILE x vocabulary).
 TOKEN_TILE = 512
-VOCAB_TILE = 4096
 
 #: Config fields under which models scale or cap their logits; TRL's forward handles those.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier",
@@ -34,8 +35,9 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplie
 
 
 def use_compact_head(trainer) -> bool:
-    """On a device without Triton, make a built `trl.DPOTrainer`'s policy (and reference
-    model, if it has its own) score only completion tokens. Returns whether it did."""
+    """On a device without Triton, make a `trl.DPOTrainer`'s policy (and reference model, if
+    it has its own) score only completion tokens, once TRL has put its head on. Calling it
+    again changes nothing. Returns whether the policy scores completions only."""
     if trainer.accelerator.device.type in ("cuda", "xpu"):  # TRL's own head is compact there
         return False
     # The fields TRL 1.16's DPOTrainer asks its head for (its __init__, add_fused_lm_head).
@@ -55,6 +57,8 @@ def score_completions_only(model, outputs: tuple[str, ...]) -> bool:
     """Wrap `model.forward` (a model TRL's `add_fused_lm_head` patched) so that fused calls
     score only the labelled positions. `outputs`: the per-token fields the trainer asked TRL
     for. Returns False, changing nothing, for a model whose logits are scaled or capped."""
+    if getattr(model.forward, "scores_completions_only", False):
+        return True
     text_config = model.config.get_text_config()
     if any(getattr(text_config, name, None) is not None for name in _LOGIT_TRANSFORMS):
         return False
@@ -86,18 +90,19 @@ def score_completions_only(model, outputs: tuple[str, ...]) -> bool:
                                    log_sum_sq_probs=log_sum_sq_probs, mean_logits=mean_logits,
                                    is_top1=is_top1, label_mask=mask, aux_loss=None)
 
+    forward.scores_completions_only = True  # so that a second call does not wrap it again
     model.forward = types.MethodType(forward, model)
     return True
 
 
 def _log_probs(hidden, weight, bias, targets, outputs: tuple[str, ...]) -> list[Any]:
-    """TRL's kernel over `TOKEN_TILE` rows at a time, its five per-token fields concatenated."""
+    """The kernel over `TOKEN_TILE` rows at a time, its five per-token fields concatenated."""
     import torch
-    from trl.kernels import ChunkedLogProbFunction
+
+    from training.cpu_logprobs import completion_log_probs
 
     # At least one call, so that a batch without a completion token still yields a graph.
-    tiles = [ChunkedLogProbFunction.apply(hidden[i:i + TOKEN_TILE], weight, bias,
-                                          targets[i:i + TOKEN_TILE], 1.0, VOCAB_TILE, None, 1.0,
-                                          outputs)
+    tiles = [completion_log_probs(hidden[i:i + TOKEN_TILE], weight, bias,
+                                  targets[i:i + TOKEN_TILE], outputs)
              for i in range(0, max(len(hidden), 1), TOKEN_TILE)]
     return [None if field[0] is None else torch.cat(field) for field in zip(*tiles, strict=True)]

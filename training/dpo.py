@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.cpu_head import use_compact_head
+from training.cpu_attention import training_attention
 from wim.config import Config, ConfigError
 from wim.errors import InputError
 from wim.models import load_causal_lm
@@ -78,7 +78,8 @@ def train_dpo_model(
     checkpoints of any other training are deleted first, never resumed.
     """
     import torch
-    from trl import DPOTrainer
+
+    from training.dpo_trainer import WimDPOTrainer
 
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
     n_pairs = _count_pairs(pairs_path)  # before the model load, so an empty run fails fast
@@ -94,25 +95,25 @@ def train_dpo_model(
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)
     _reset_peak_memory()
-    trainer = DPOTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
-    use_compact_head(trainer)
-    lora = {n: p for n, p in trainer.model.named_parameters()
-            if "lora_" in n and p.requires_grad and ".ref." not in n}
-    with state.main_process_first():
-        initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt", checkpoint is not None,
-                                state.is_main_process)
+    with training_attention(model) as attention:  # eager for bfloat16 on a CPU (cpu_attention.py)
+        trainer = WimDPOTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
+        lora = {n: p for n, p in trainer.model.named_parameters()
+                if "lora_" in n and p.requires_grad and ".ref." not in n}
+        with state.main_process_first():
+            initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt",
+                                    checkpoint is not None, state.is_main_process)
 
-    start = time.perf_counter()
-    if checkpoint:
-        logger.info("DPO: resuming from %s", checkpoint)
-    trainer.train(resume_from_checkpoint=checkpoint)
-    seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        if checkpoint:
+            logger.info("DPO: resuming from %s", checkpoint)
+        trainer.train(resume_from_checkpoint=checkpoint)
+        seconds = time.perf_counter() - start
 
     with torch.no_grad():
         delta = sum(float((lora[n] - initial[n].to(lora[n].device)).pow(2).sum()) for n in lora)
@@ -124,6 +125,7 @@ def train_dpo_model(
     metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
     metrics["train/lora_delta_norm"] = math.sqrt(delta)
     metrics.update(_precision(args, trained, lora))
+    metrics["train/attention"] = attention
     metrics["train/resumed_from_step"] = _step_of(checkpoint)
     metrics.update(peak_memory("train"))
     _write_rank(out_dir, state, trainer.state.global_step, lora)

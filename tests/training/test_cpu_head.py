@@ -50,20 +50,18 @@ def _step(trainer):
 
 
 def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypatch) -> None:
-    import trl.kernels
+    import training.cpu_logprobs
 
     _, loss, grads, metrics = _step(_trainer(tmp_path, compact=False))
 
     rows: list[int] = []  # rows of hidden states the kernel is handed, per call
-    kernel = trl.kernels.ChunkedLogProbFunction
+    kernel = training.cpu_logprobs.completion_log_probs
 
-    class Counted(kernel):
-        @classmethod
-        def apply(cls, hidden, *args):
-            rows.append(len(hidden))
-            return kernel.apply(hidden, *args)
+    def counted(hidden, *args):
+        rows.append(len(hidden))
+        return kernel(hidden, *args)
 
-    monkeypatch.setattr(trl.kernels, "ChunkedLogProbFunction", Counted)
+    monkeypatch.setattr(training.cpu_logprobs, "completion_log_probs", counted)
     batch, compact_loss, compact_grads, compact_metrics = _step(_trainer(tmp_path, compact=True))
 
     assert compact_loss == pytest.approx(loss, abs=1e-6) and abs(loss - 0.6931) > 1e-3
@@ -105,3 +103,48 @@ def test_models_that_scale_their_logits_keep_trls_head() -> None:
     forward = model.forward
     assert score_completions_only(model, ("log_probs",)) is False
     assert model.forward == forward
+
+
+def test_the_precomputed_reference_comes_from_the_compact_head(tmp_path, monkeypatch) -> None:
+    """TRL runs the reference pass inside DPOTrainer.__init__, before a caller can touch the
+    trainer: WimDPOTrainer scores it with completion tokens only, to TRL's values."""
+    import shutil
+
+    import torch
+    from torch.utils.data import DataLoader
+    from trl import DPOTrainer
+
+    import training.cpu_logprobs
+    from training.dpo import _dpo_args, _load_pairs, lora_config
+    from training.dpo_trainer import WimDPOTrainer
+    from wim.config import load_config
+    from wim.models import load_causal_lm
+
+    cfg = load_config(QUICKSTART, ["policy.dtype=float32", "dpo.save_steps=0",
+                                   "dpo.reference_pass=precompute"])
+    write_pair_rows(tmp_path / "pairs.jsonl", GOOD_VS_GARBAGE[:6])
+    (tmp_path / "b").mkdir()  # a second file: TRL caches the pass by the dataset's fingerprint
+    shutil.copy(tmp_path / "pairs.jsonl", tmp_path / "b" / "pairs.jsonl")
+    rows: list[int] = []
+    kernel = training.cpu_logprobs.completion_log_probs
+
+    def counted(hidden, *args):
+        rows.append(len(hidden))
+        return kernel(hidden, *args)
+
+    trainers = {}
+    for name, cls, pairs in (("trl", DPOTrainer, tmp_path / "pairs.jsonl"),
+                             ("ours", WimDPOTrainer, tmp_path / "b" / "pairs.jsonl")):
+        if name == "ours":
+            monkeypatch.setattr(training.cpu_logprobs, "completion_log_probs", counted)
+        model, tokenizer = load_causal_lm(cfg.policy.model, dtype="float32")
+        trainers[name] = cls(model=model, args=_dpo_args(cfg, tmp_path / name, False, 6),
+                             train_dataset=_load_pairs(pairs), processing_class=tokenizer,
+                             peft_config=lora_config(cfg))
+    ours, trl = trainers["ours"].train_dataset, trainers["trl"].train_dataset
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        torch.testing.assert_close(torch.tensor(ours[column]), torch.tensor(trl[column]),
+                                   rtol=1e-5, atol=1e-4)
+    loader = DataLoader(ours, batch_size=6, collate_fn=trainers["ours"].data_collator)
+    completion = sum(int(batch["completion_mask"][:, 1:].sum()) for batch in loader)
+    assert sum(rows) == completion > 0  # every chosen and rejected completion token, once

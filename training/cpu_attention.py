@@ -1,0 +1,34 @@
+"""Which attention DPO trains with on a CPU in bfloat16: transformers' eager attention, not SDPA.
+
+PyTorch's CPU flash-attention kernel (what SDPA runs there, torch 2.13) is no faster in bfloat16
+than in float32 forward, and its backward is 1.5-2.7x *slower* in bfloat16. Under bfloat16
+autocast that backward was the largest cost of a DPO step after the matrix products. Eager
+attention (two batched matrix products in bfloat16 around a float32 softmax) has no such kernel:
+ten quickstart DPO steps took 21.1 s with it against 26.2 s with SDPA, while in float32 the two
+are within noise (tests/benchmarks/results/dtype_attention.txt). So a bfloat16 model on a CPU
+trains with eager attention, for the duration of the `with`; sampling and judging, which run
+outside it, keep SDPA, and so does every model on a GPU or in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def training_attention(model):
+    """Within the `with`, a bfloat16 model on a CPU that uses SDPA uses eager attention; any
+    other model is left as it is. The model's own implementation is restored on exit. Yields
+    the implementation training uses."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = base.config._attn_implementation
+    if own != "sdpa" or base.device.type != "cpu" or base.dtype != torch.bfloat16:
+        yield own
+        return
+    base.set_attn_implementation("eager")
+    try:
+        yield "eager"
+    finally:
+        base.set_attn_implementation(own)
