@@ -5,9 +5,10 @@ than in float32 forward, and its backward is 1.5-2.7x *slower* in bfloat16. Unde
 autocast that backward was the largest cost of a DPO step after the matrix products. Eager
 attention (two batched matrix products in bfloat16 around a float32 softmax) has no such kernel:
 ten quickstart DPO steps took 21.1 s with it against 26.2 s with SDPA, while in float32 the two
-are within noise (tests/benchmarks/results/dtype_attention.txt). So a bfloat16 model on a CPU
-trains with eager attention, for the duration of the `with`; sampling and judging, which run
-outside it, keep SDPA, and so does every model on a GPU or in float32.
+are within noise (`bench_dtype.py --parts attn`, tests/benchmarks/results/dtype_attention.txt).
+So a bfloat16 model on a CPU trains with eager attention, for the duration of the `with`;
+sampling and judging, which run outside it, keep SDPA, and so does every model on a GPU or in
+float32.
 """
 
 from __future__ import annotations

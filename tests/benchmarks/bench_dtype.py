@@ -14,13 +14,16 @@
 - DPO's reference pass (`--ref-steps` steps each): TRL's per-step reference forward (the
   adapter switched off, every step) against `precompute_ref_log_probs` (one pass over the pairs
   before training), in each dtype; wall seconds and the largest loss difference per step.
+- attention (`--attn-steps` steps each): DPO with SDPA throughout against what
+  training/cpu_attention.py picks (eager for bfloat16 on a CPU), in each dtype, alternating,
+  twice; wall seconds of the training loop (`train/seconds`).
 
 Each generation and judging setting runs twice, alternating; the faster run counts (other
 processes on the same cores slow a run down, never speed it up). Beside wall seconds, the CPU
 seconds this process got (`time.process_time`, both threads): on a shared machine they move
-far less with the load than wall time does. On a CPU without native
-bfloat16 (no AMX, no AVX512-BF16) the benchmark says so and times float32 only. `--parts`
-picks some of generate, judge, dpo, ref (all by default). Written to `--out`
+far less with the load than wall time does. On a CPU without native bfloat16 (no AMX, no
+AVX512-BF16) the benchmark says so and times float32 only. `--parts` picks some of generate,
+judge, dpo, ref, attn, step (generate, judge, dpo, ref by default). Written to `--out`
 (tests/benchmarks/results/dtype.txt). Not a test: the file name keeps pytest from collecting it.
 """
 
@@ -49,16 +52,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="DPO steps per dtype")
     parser.add_argument("--ref-steps", type=int, default=10,
                         help="DPO steps per reference-pass variant (0: skip)")
+    parser.add_argument("--attn-steps", type=int, default=10, help="attn: DPO steps per run")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--parts", default="generate,judge,dpo,ref",
-                        help="what to time: generate, judge, dpo, ref, step")
+                        help="what to time: generate, judge, dpo, ref, attn, step")
     parser.add_argument("--step-rows", type=int, default=8, help="step: sequences per batch")
     parser.add_argument("--step-length", type=int, default=192, help="step: tokens each")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if parts & {"dpo", "ref"} and args.pairs is None:
-        parser.error("dpo and ref need --pairs RUN/pairs.jsonl")
+    if parts & {"dpo", "ref", "attn"} and args.pairs is None:
+        parser.error("dpo, ref and attn need --pairs RUN/pairs.jsonl")
     # precompute_ref_log_probs caches its pass in the datasets cache: a private one, emptied
     # before every training, so no run reads another's reference log-probs.
     cache = Path(tempfile.mkdtemp(prefix="bench-dtype-"))
@@ -87,6 +91,8 @@ def main() -> None:
         lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
     if "ref" in parts:
         lines += time_reference_pass(dtypes, args.pairs, args.ref_steps, cache)
+    if "attn" in parts:
+        lines += time_attention(dtypes, args.pairs, args.attn_steps, cache) + [""]
     if "step" in parts:
         lines += time_step(dtypes, args.step_rows, args.step_length, 2) + [""]
     lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
@@ -183,12 +189,20 @@ def time_judging(dtypes: list[str], items: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str) -> dict:
-    """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds."""
+def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str,
+           attention: str = "auto") -> dict:
+    """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds.
+    attention "sdpa": training keeps SDPA (training/cpu_attention.py switched off)."""
+    import contextlib
     import json
 
+    import training.dpo
+    from training.cpu_attention import training_attention
     from training.dpo import train_dpo
     from wim.config import load_config
+
+    training.dpo.training_attention = (training_attention if attention == "auto" else
+                                       lambda model: contextlib.nullcontext("sdpa"))
 
     for child in cache.iterdir():
         shutil.rmtree(child, ignore_errors=True)
@@ -225,6 +239,24 @@ def time_dpo(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[st
                      f"{b16['cpu'] / f32['cpu']:.2f}x CPU")
     for dtype, r in runs.items():
         lines.append(f"loss curve {dtype}: " + " ".join(f"{x:.3f}" for x in r["losses"]))
+    return lines
+
+
+def time_attention(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
+    lines = [f"DPO attention, {steps} steps each, reference precomputed: SDPA throughout vs "
+             "training/cpu_attention.py's pick; training loop seconds (train/seconds), twice",
+             f"{'dtype':<10} {'picked':>7} {'SDPA s':>13} {'picked s':>13} {'ratio':>6}"]
+    for dtype in dtypes:
+        runs: dict[str, list[dict]] = {"sdpa": [], "auto": []}
+        for _ in range(2):
+            for attention in runs:
+                runs[attention].append(_train(dtype, pairs, steps, cache, "precompute",
+                                              attention))
+        sdpa = [r["metrics"]["train/seconds"] for r in runs["sdpa"]]
+        auto = [r["metrics"]["train/seconds"] for r in runs["auto"]]
+        picked = runs["auto"][0]["metrics"]["train/attention"]
+        lines.append(f"{dtype:<10} {picked:>7} {sdpa[0]:>6.1f} {sdpa[1]:>6.1f} "
+                     f"{auto[0]:>6.1f} {auto[1]:>6.1f} {min(auto) / min(sdpa):>6.2f}")
     return lines
 
 
