@@ -95,7 +95,8 @@ def train_dpo_model(
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)
     _reset_peak_memory()
-    with training_attention(model) as attention:  # eager for bfloat16 on a CPU (cpu_attention.py)
+    # eager for bfloat16 on a CPU (cpu_attention.py)
+    with training_attention(model, args.max_length) as attention:
         trainer = WimDPOTrainer(
             model=model,
             args=args,

@@ -202,7 +202,7 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
     from wim.config import load_config
 
     training.dpo.training_attention = (training_attention if attention == "auto" else
-                                       lambda model: contextlib.nullcontext("sdpa"))
+                                       lambda model, max_length: contextlib.nullcontext("sdpa"))
 
     for child in cache.iterdir():
         shutil.rmtree(child, ignore_errors=True)

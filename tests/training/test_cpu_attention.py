@@ -19,7 +19,7 @@ def test_training_attention_switches_only_bfloat16_on_a_cpu(dtype) -> None:
     with torch.no_grad():
         before = model(input_ids=ids).logits
     expected = "eager" if dtype == "bfloat16" else "sdpa"
-    with training_attention(model) as used:
+    with training_attention(model, 192) as used:
         assert used == expected
         assert model.config._attn_implementation == expected
         assert all(layer.self_attn.config._attn_implementation == expected
@@ -34,6 +34,18 @@ def test_the_implementation_is_restored_when_training_fails() -> None:
     from wim.models import BUNDLED_POLICY, load_causal_lm
 
     model, _ = load_causal_lm(BUNDLED_POLICY, dtype="bfloat16")
-    with pytest.raises(RuntimeError), training_attention(model):
+    with pytest.raises(RuntimeError), training_attention(model, 192):
         raise RuntimeError("a failing step")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_long_sequences_keep_sdpa() -> None:
+    """Eager attention keeps [batch, heads, length, length] per layer for the backward."""
+    from training.cpu_attention import EAGER_MAX_LENGTH, training_attention
+    from wim.models import BUNDLED_POLICY, load_causal_lm
+
+    model, _ = load_causal_lm(BUNDLED_POLICY, dtype="bfloat16")
+    for length, expected in ((EAGER_MAX_LENGTH, "eager"), (EAGER_MAX_LENGTH + 1, "sdpa"),
+                             (None, "sdpa")):
+        with training_attention(model, length) as used:
+            assert used == expected == model.config._attn_implementation
