@@ -49,12 +49,11 @@ def _step(trainer):
     return batch, float(loss), grads, metrics
 
 
-def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypatch) -> None:
+def _count_kernel_rows(monkeypatch) -> list[int]:
+    """From now on, the rows of hidden states our kernel is handed, one entry per call."""
     import training.cpu_logprobs
 
-    _, loss, grads, metrics = _step(_trainer(tmp_path, compact=False))
-
-    rows: list[int] = []  # rows of hidden states the kernel is handed, per call
+    rows: list[int] = []
     kernel = training.cpu_logprobs.completion_log_probs
 
     def counted(hidden, *args):
@@ -62,6 +61,13 @@ def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypa
         return kernel(hidden, *args)
 
     monkeypatch.setattr(training.cpu_logprobs, "completion_log_probs", counted)
+    return rows
+
+
+def test_compact_head_equals_trls_and_scores_only_completions(tmp_path, monkeypatch) -> None:
+    _, loss, grads, metrics = _step(_trainer(tmp_path, compact=False))
+
+    rows = _count_kernel_rows(monkeypatch)
     batch, compact_loss, compact_grads, compact_metrics = _step(_trainer(tmp_path, compact=True))
 
     assert compact_loss == pytest.approx(loss, abs=1e-6) and abs(loss - 0.6931) > 1e-3
@@ -114,7 +120,6 @@ def test_the_precomputed_reference_comes_from_the_compact_head(tmp_path, monkeyp
     from torch.utils.data import DataLoader
     from trl import DPOTrainer
 
-    import training.cpu_logprobs
     from training.dpo import _dpo_args, _load_pairs, lora_config
     from training.dpo_trainer import WimDPOTrainer
     from wim.config import load_config
@@ -125,18 +130,10 @@ def test_the_precomputed_reference_comes_from_the_compact_head(tmp_path, monkeyp
     write_pair_rows(tmp_path / "pairs.jsonl", GOOD_VS_GARBAGE[:6])
     (tmp_path / "b").mkdir()  # a second file: TRL caches the pass by the dataset's fingerprint
     shutil.copy(tmp_path / "pairs.jsonl", tmp_path / "b" / "pairs.jsonl")
-    rows: list[int] = []
-    kernel = training.cpu_logprobs.completion_log_probs
-
-    def counted(hidden, *args):
-        rows.append(len(hidden))
-        return kernel(hidden, *args)
-
+    rows = _count_kernel_rows(monkeypatch)  # TRL's own trainer never calls our kernel
     trainers = {}
     for name, cls, pairs in (("trl", DPOTrainer, tmp_path / "pairs.jsonl"),
                              ("ours", WimDPOTrainer, tmp_path / "b" / "pairs.jsonl")):
-        if name == "ours":
-            monkeypatch.setattr(training.cpu_logprobs, "completion_log_probs", counted)
         model, tokenizer = load_causal_lm(cfg.policy.model, dtype="float32")
         trainers[name] = cls(model=model, args=_dpo_args(cfg, tmp_path / name, False, 6),
                              train_dataset=_load_pairs(pairs), processing_class=tokenizer,
