@@ -14,6 +14,10 @@
 - DPO's reference pass (`--ref-steps` steps each): TRL's per-step reference forward (the
   adapter switched off, every step) against `precompute_ref_log_probs` (one pass over the pairs
   before training), in each dtype; wall seconds and the largest loss difference per step.
+- gemm: the matrix products of a quickstart DPO step (912 tokens through SmolLM2-135M's
+  projections and MLP, 512 completion tokens through the LM head) in each dtype, GFLOP/s and
+  the bfloat16 / float32 time ratio: the floor under a DPO step's own ratio, whose time is
+  mostly these products.
 - attention (`--attn-steps` steps each): DPO with SDPA throughout against what
   training/cpu_attention.py picks (eager for bfloat16 on a CPU), in each dtype, alternating,
   twice; wall seconds of the training loop (`train/seconds`).
@@ -23,7 +27,7 @@ processes on the same cores slow a run down, never speed it up). Beside wall sec
 seconds this process got (`time.process_time`, both threads): on a shared machine they move
 far less with the load than wall time does. On a CPU without native bfloat16 (no AMX, no
 AVX512-BF16) the benchmark says so and times float32 only. `--parts` picks some of generate,
-judge, dpo, ref, attn, step (generate, judge, dpo, ref by default). Written to `--out`
+judge, dpo, ref, attn, step, gemm (generate, judge, dpo, ref by default). Written to `--out`
 (tests/benchmarks/results/dtype.txt). Not a test: the file name keeps pytest from collecting it.
 """
 
@@ -55,7 +59,7 @@ def main() -> None:
     parser.add_argument("--attn-steps", type=int, default=10, help="attn: DPO steps per run")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--parts", default="generate,judge,dpo,ref",
-                        help="what to time: generate, judge, dpo, ref, attn, step")
+                        help="what to time: generate, judge, dpo, ref, attn, step, gemm")
     parser.add_argument("--step-rows", type=int, default=8, help="step: sequences per batch")
     parser.add_argument("--step-length", type=int, default=192, help="step: tokens each")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
@@ -95,6 +99,8 @@ def main() -> None:
         lines += time_attention(dtypes, args.pairs, args.attn_steps, cache) + [""]
     if "step" in parts:
         lines += time_step(dtypes, args.step_rows, args.step_length, 2) + [""]
+    if "gemm" in parts:
+        lines += time_gemms(dtypes) + [""]
     lines.append(f"load average at end {os.getloadavg()[0]:.2f}")
     text = "\n".join(lines)
     print(text)
@@ -330,6 +336,43 @@ def time_step(dtypes: list[str], rows: int, length: int, repeats: int) -> list[s
     for d in dtypes:
         lines.append(f"{d}: the reference forward is {ref[d][3] / (ref[d][3] + train[d][3]):.0%}"
                      " of a step's CPU time (policy fwd+bwd plus reference fwd)")
+    return lines
+
+
+#: (tokens, inputs, outputs) of the products in a quickstart DPO step (torch profiler): q/o
+#: projections, MLP up/gate and down (forward, and the backward's input gradients), an LM-head
+#: tile of training/cpu_logprobs.py and its hidden-state gradient over the whole vocabulary.
+STEP_GEMMS = [(912, 576, 576), (912, 576, 1536), (912, 1536, 576), (512, 576, 4096),
+              (512, 49152, 576)]
+
+
+def time_gemms(dtypes: list[str], repeats: int = 20) -> list[str]:
+    """Median time of each product in each dtype; GFLOP/s and bfloat16 / float32."""
+    import statistics
+
+    import torch
+
+    lines = [f"matrix products of a DPO step, median of {repeats}",
+             f"{'tokens x in x out':<20} " + " ".join(f"{d + ' GFLOP/s':>17}" for d in dtypes)
+             + ("  bf16/f32" if len(dtypes) == 2 else "")]
+    for tokens, k, n in STEP_GEMMS:
+        seconds = {}
+        for d in dtypes:
+            a = torch.randn(tokens, k, dtype=getattr(torch, d))
+            b = torch.randn(k, n, dtype=getattr(torch, d))
+            torch.mm(a, b)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                torch.mm(a, b)
+                times.append(time.perf_counter() - start)
+            seconds[d] = statistics.median(times)
+        row = f"{f'{tokens} x {k} x {n}':<20} " + " ".join(
+            f"{2 * tokens * k * n / seconds[d] / 1e9:>17.0f}" for d in dtypes)
+        if len(dtypes) == 2:
+            row += f"  {seconds['bfloat16'] / seconds['float32']:>8.2f}x"
+        lines.append(row)
+        print(row, flush=True)
     return lines
 
 

@@ -4,6 +4,7 @@ Left padding, prompts sorted by length, n samples per prompt in one `generate` c
 format guide (guided.py) makes a local judge write critique and rating in one call. When every
 prompt of a call starts with the same tokens (a judge's instructions), that prefix is read once
 and its KV cache reused by every batch (prefix_cache.py; `reuse_prefix=False` turns it off).
+On a CPU, one-token decoding steps use decode_attention.py's attention instead of SDPA's kernel.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import logging
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams
+from wim.backends.decode_attention import decoding_attention
 from wim.models import load_causal_lm
 
 logger = logging.getLogger(__name__)
@@ -204,7 +206,7 @@ class TransformersBackend(Backend):
                                 max_critique_tokens=max(1, params.max_new_tokens - 6),
                                 choices=params.guide_choices)
             processors, criteria = [guide], [guide.stopper()]
-        with torch.inference_mode(), self._adapter_context():
+        with torch.inference_mode(), self._adapter_context(), decoding_attention(self.model):
             if cache is not None and self._use_loop():  # finished rows leave the batch
                 new = self._decode_after_prefix(inputs, params, processors, criteria)
             else:
