@@ -40,24 +40,55 @@ def test_the_loop_takes_generates_settings_and_names_those_it_lacks():
     from transformers import GenerationConfig
     from transformers.generation.logits_process import (
         TemperatureLogitsWarper,
-        TopKLogitsWarper,
         TopPLogitsWarper,
     )
 
-    from wim.backends.decode import end_tokens, sampling_warpers, unsupported_settings
+    from wim.backends.decode import TopKTopP, end_tokens, sampling_warpers, unsupported_settings
 
     warpers = sampling_warpers(GenerationConfig(), 0.7, 0.9)
-    assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKLogitsWarper,
-                                          TopPLogitsWarper]
-    assert warpers[0].temperature == 0.7 and warpers[1].top_k == 50 and warpers[2].top_p == 0.9
+    assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKTopP]
+    assert warpers[0].temperature == 0.7 and warpers[1].top_k == 50 and warpers[1].top_p == 0.9
     assert sampling_warpers(GenerationConfig(top_k=7), 0.7, 1.0)[1].top_k == 7
     assert [type(w) for w in sampling_warpers(GenerationConfig(top_k=0), 1.0, 1.0)] == []
+    assert [type(w) for w in sampling_warpers(GenerationConfig(top_k=0), 1.0, 0.9)] == [
+        TopPLogitsWarper]
     assert unsupported_settings(GenerationConfig(eos_token_id=[1, 2], top_k=20)) == []
     assert unsupported_settings(GenerationConfig(repetition_penalty=1.2)) == [
         "repetition_penalty"]
     assert end_tokens(GenerationConfig(eos_token_id=[5, 9])) == [5, 9]
     assert end_tokens(GenerationConfig(eos_token_id=5)) == [5]
     assert end_tokens(GenerationConfig()) == []
+
+
+@pytest.mark.parametrize("top_p", [0.95, 0.5, 0.01, 1.0])
+def test_top_k_top_p_gives_generates_scores(top_p):
+    """TopKTopP against transformers' TopKLogitsWarper then TopPLogitsWarper: random scores,
+    a tie at the k-th score, fewer finite scores than k (a format guide's mask)."""
+    import torch
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from wim.backends.decode import TopKTopP
+
+    def generates(scores):
+        scores = TopKLogitsWarper(top_k=50)(None, scores)
+        return TopPLogitsWarper(top_p=top_p)(None, scores) if top_p < 1.0 else scores
+
+    scores = torch.randn(6, 3000, generator=torch.Generator().manual_seed(0)) * 3
+    tied = scores.clone()
+    tied[0, :60] = tied[0].topk(50).values[-1]  # the k-th score shared by 60 tokens
+    guided = torch.full_like(scores, -float("inf"))
+    guided[:, :7] = scores[:, :7]
+    for case in (scores, guided):
+        expected, got = generates(case.clone()), TopKTopP(50, top_p)(None, case.clone())
+        assert torch.equal(torch.isinf(got), torch.isinf(expected))
+        assert torch.equal(got[~torch.isinf(got)], expected[~torch.isinf(expected)])
+    # With ties on the top-p boundary, which of the equal scores stay follows the sort's order:
+    # the same scores stay, maybe at other ones of the tied tokens.
+    expected, got = generates(tied.clone()), TopKTopP(50, top_p)(None, tied.clone())
+    for row_expected, row_got in zip(expected, got, strict=True):
+        assert torch.equal(row_got.sort().values, row_expected.sort().values)
+    kept = (~torch.isinf(TopKTopP(50, top_p)(None, scores))).sum(-1)
+    assert (kept <= 50).all() and (kept >= 1).all() and (top_p < 1.0 or (kept == 50).all())
 
 
 @pytest.mark.slow

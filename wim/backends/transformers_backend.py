@@ -140,10 +140,19 @@ class TransformersBackend(Backend):
                   criteria, cache=None):
         """New tokens from `transformers`' own `generate` (n samples per row); with `cache`
         (holding the shared prefix) it reads only the uncached tail of `input_ids`."""
+        from wim.backends.decode import sampling_warpers, unsupported_settings
+
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=params.temperature > 0,
                       num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id,
                       eos_token_id=self.end_ids())
-        if params.temperature > 0:
+        config = self.model.generation_config
+        if params.temperature > 0 and not unsupported_settings(config):
+            # decode.py's warpers (generate's, with a faster top-k + top-p), so that generate
+            # adds none of its own; a config with settings they lack keeps generate's.
+            processors = [*processors,
+                          *sampling_warpers(config, params.temperature, params.top_p)]
+            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+        elif params.temperature > 0:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
