@@ -99,7 +99,8 @@ class TopKTopP:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         values, indices = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1)  # descending
         kth = values[:, -1:]
-        tied = int((scores >= kth).sum(-1).max())  # the most tokens a row keeps
+        # The most tokens a row keeps (finite ones: a processor's -inf ties with nothing).
+        tied = int(((scores >= kth) & (scores > -float("inf"))).sum(-1).max())
         if tied > values.shape[-1]:
             values, indices = scores.topk(tied, dim=-1)
             values = values.masked_fill(values < kth, -float("inf"))
