@@ -29,14 +29,13 @@ def training_attention(model, max_length: int | None):
     Yields the implementation training uses."""
     import torch
 
+    from wim.models import attention_implementation
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     own = base.config._attn_implementation
     if own != "sdpa" or base.device.type != "cpu" or base.dtype != torch.bfloat16 \
             or max_length is None or max_length > EAGER_MAX_LENGTH:
         yield own
         return
-    base.set_attn_implementation("eager")
-    try:
+    with attention_implementation(base, "eager"):
         yield "eager"
-    finally:
-        base.set_attn_implementation(own)

@@ -11,6 +11,7 @@ Anything else is a local folder or a hub id, passed through unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -262,3 +263,16 @@ def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool 
             model.load_adapter(str(adapter))
     model.eval()
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name: str):
+    """Within the `with`, the transformers model (or the base of a peft model) uses the
+    attention implementation `name`; its own is restored on exit, also after an error."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = base.config._attn_implementation
+    base.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(own)

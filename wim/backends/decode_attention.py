@@ -72,14 +72,13 @@ def _register() -> None:
 def decoding_attention(model):
     """Within the `with`, a model on a CPU that uses SDPA uses `decode_attention_forward`;
     any other model is left as it is. The model's own implementation is restored on exit."""
+    from wim.models import attention_implementation
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    own = getattr(base.config, "_attn_implementation", None)
-    if own != "sdpa" or base.device.type != "cpu":
+    if getattr(base.config, "_attn_implementation", None) != "sdpa" \
+            or base.device.type != "cpu":
         yield
         return
     _register()
-    base.set_attn_implementation(NAME)
-    try:
+    with attention_implementation(base, NAME):
         yield
-    finally:
-        base.set_attn_implementation(own)
