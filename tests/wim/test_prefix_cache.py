@@ -91,6 +91,68 @@ def test_top_k_top_p_gives_generates_scores(top_p):
     assert (kept <= 50).all() and (kept >= 1).all() and (top_p < 1.0 or (kept == 50).all())
 
 
+def _generates_probabilities(scores, temperature, top_k, top_p):
+    """The softmax `generate` samples from: transformers' own warpers, in its order."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    if temperature != 1.0:
+        scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k=top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p=top_p)(None, scores)
+    return scores.softmax(dim=-1)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p",
+                         [(0.8, 50, 0.95), (1.0, 50, 1.0), (0.7, 20, 0.5), (1.3, 0, 0.9)])
+def test_candidate_sampler_has_generates_probabilities(temperature, top_k, top_p):
+    """The loop's sampler over its candidates: generate's probabilities for every token (those
+    outside the candidates 0), on random scores and under a format guide's mask."""
+    import torch
+    from transformers import GenerationConfig
+
+    from wim.backends.decode import CandidateSampler
+
+    scores = torch.randn(6, 3000, generator=torch.Generator().manual_seed(1)) * 3
+    guided = torch.full_like(scores, -float("inf"))
+    guided[:, :7] = scores[:, :7]
+    sampler = CandidateSampler(GenerationConfig(top_k=top_k), temperature, top_p)
+    for case in (scores, guided):
+        expected = _generates_probabilities(case.clone(), temperature, top_k, top_p)
+        probs, indices = sampler.candidates(case.clone())
+        if indices is not None:
+            probs = torch.zeros_like(case).scatter_(-1, indices, probs)
+        torch.testing.assert_close(probs, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_candidate_sampler_draws_by_those_probabilities():
+    """50,000 draws from one row of scores: each token's frequency is its probability (total
+    variation under 0.02; without the temperature it is 0.17 away, drawn uniformly over the
+    candidates 0.47), no token outside the candidates, and a seed draws the same tokens again."""
+    import torch
+    from transformers import GenerationConfig
+
+    from wim.backends.decode import CandidateSampler
+
+    row = torch.randn(1, 500, generator=torch.Generator().manual_seed(2)) * 2
+    scores = row.expand(50_000, -1).clone()
+    sampler = CandidateSampler(GenerationConfig(), 0.7, 0.95)
+    rows = torch.arange(len(scores))
+    torch.manual_seed(0)
+    tokens = sampler(scores, rows, len(scores))
+    expected = _generates_probabilities(row.clone(), 0.7, 50, 0.95)[0]
+    frequency = torch.bincount(tokens, minlength=500) / len(tokens)
+    assert float((frequency - expected).abs().sum()) / 2 < 0.02
+    assert bool((expected[tokens] > 0).all())
+    torch.manual_seed(0)
+    assert torch.equal(sampler(scores, rows, len(scores)), tokens)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, prompt", [("wim", "ours"), ("numeric", "ours"), ("wim", "authors")])
 def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt) -> None:
@@ -247,31 +309,34 @@ def test_the_judge_stops_at_either_end_token_of_the_generation_config(monkeypatc
     model, tokenizer = _two_end_token_model(end)
     forwards = []
     model.register_forward_hook(lambda *args: forwards.append(1))
-    for reuse in (False, True):
-        backend = TransformersBackend(model, tokenizer, batch_size=8, reuse_prefix=reuse)
+    # generate; the loop from the whole prompts; the loop after the shared prefix.
+    for reuse, loop in ((False, False), (False, True), (True, True)):
+        backend = TransformersBackend(model, tokenizer, batch_size=8, reuse_prefix=reuse,
+                                      drop_finished=loop)
         assert backend.end_ids() == [IM_END, END_OF_TEXT]
         judge = BackendJudge(backend, role="external", model_name="tiny", mode=mode,
                              criteria="accuracy", max_new_tokens=24, max_retries=0)
         forwards.clear()
+        loops.clear()
         results = judge.judge(ITEMS[:3], seed=0)
-        assert bool(loops) == reuse  # the decoding loop after the prefix ran only with reuse
+        assert bool(loops) == loop  # decode.py's loop ran, or generate did
         # Decoding stopped at the end token, not merely the text: one forward pass per token
         # written (one batch), and with reuse one more for the prefix.
         assert len(forwards) == results[0].completion_tokens + reuse
         for r in results:
             if mode == "wim":
                 # " salt", newline, "Rating:" (3 tokens), "7", the end token.
-                assert (r.raw, r.completion_tokens) == ("Missing: salt\nRating:7", 7), reuse
+                assert (r.raw, r.completion_tokens) == ("Missing: salt\nRating:7", 7), (reuse, loop)
                 assert (r.critique, r.rating) == ("salt", 7)
             else:  # "7", the end token
-                assert (r.raw, r.completion_tokens, r.rating) == ("Rating:7", 2, 7), reuse
+                assert (r.raw, r.completion_tokens, r.rating) == ("Rating:7", 2, 7), (reuse, loop)
 
 
 @pytest.mark.slow
 def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse(monkeypatch):
     """A retry samples at the judge's retry temperature (0.7) with generate's top-k of 50:
-    the decoding loop after the prefix draws what `generate` on the whole prompts draws, even
-    after finished rows have left the batch."""
+    the decoding loop after the prefix draws what it draws from the whole prompts, even after
+    finished rows have left the batch."""
     from transformers import StaticCache
 
     kept = []

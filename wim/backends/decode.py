@@ -1,25 +1,28 @@
-"""A decoding loop whose rows leave the batch as they finish, for batches after a shared prefix.
+"""The transformers backend's decoding loop: finished rows leave the batch, and sampling draws
+over the tokens top-k and top-p keep.
 
 `transformers`' `generate` keeps computing every row until the last one finishes. A judge's
 rows finish at very different times (a 10-token critique next to one cut at the length limit),
 so on a CPU about a quarter of its decoding steps went into rows that were already done. Here a
 finished row is dropped from the batch, its KV cache rows with it (`Cache.reorder_cache`), once
-a quarter of the live rows are done (dropping copies the cache, so not after every row).
+a quarter of the live rows are done (dropping copies the cache, so not after every row). The
+loop continues from a `StaticCache`: one pre-filled with a shared prefix (prefix_cache.py), or
+an empty one for the whole prompt.
 
 What each step computes is what `generate` (transformers 5.24, `GenerationMixin._sample`)
-computes: the logits of the last position in float32; the caller's logits processors; when
-sampling, the warpers in generate's order (temperature, top-k, top-p), with top-k as generate
-fills it in (the model's generation config, else its default of 50), top-k and top-p as one
-`TopKTopP` (generate's scores without sorting the vocabulary; the backend hands the same
-warpers to `generate` when it decodes without a prefix); argmax or one multinomial
-draw over every row of the batch, finished and dropped rows included, so that a seed draws the
-same tokens as in `generate`; the end tokens of the model's generation config (a list: Llama-3
-and Qwen list several) and the caller's stopping criteria. tests/wim/test_prefix_cache.py
-compares greedy and sampled outputs with `generate`'s. Settings of a generation config that
+computes: the logits of the last position in float32; the caller's logits processors; argmax,
+or when sampling generate's warpers (temperature, top-k as generate fills it in: the model's
+generation config, else its default of 50, top-p) and one draw from the softmax; the end tokens
+of the model's generation config (a list: Llama-3 and Qwen list several) and the caller's
+stopping criteria. Sampling (`CandidateSampler`) takes generate's probabilities but draws over
+the kept tokens only, not over the vocabulary as `torch.multinomial` in `generate` does, so a
+seed gives its own tokens, not generate's. tests/wim/test_prefix_cache.py compares greedy
+outputs and sampling probabilities with `generate`'s. Settings of a generation config that
 this loop does not apply (a repetition penalty, min-p, ...) are named by `unsupported_settings`;
-the backend then hands the pre-filled cache to `generate` instead. Processors and criteria that
-keep per-row state (wim/backends/guided.py's `FormatGuide`) are told which rows stay through
-their `keep_rows(indices)`.
+the backend then calls `generate` instead. With `drop_finished=False` it does too, and hands
+it `TopKTopP` (generate's top-k and top-p without sorting the vocabulary). Processors and
+criteria that keep per-row state (wim/backends/guided.py's `FormatGuide`) are told which rows
+stay through their `keep_rows(indices)`.
 """
 
 from __future__ import annotations
@@ -97,21 +100,63 @@ class TopKTopP:
         self.top_p = top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        values, indices = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1)  # descending
-        kth = values[:, -1:]
-        # The most tokens a row keeps (finite ones: a processor's -inf ties with nothing).
-        tied = int(((scores >= kth) & (scores > -float("inf"))).sum(-1).max())
-        if tied > values.shape[-1]:
-            values, indices = scores.topk(tied, dim=-1)
-            values = values.masked_fill(values < kth, -float("inf"))
-        if self.top_p < 1.0:
-            # generate's rule on the ascending order: drop tokens whose cumulative probability
-            # is at most 1 - top_p, never the most likely one.
-            ascending = values.flip(-1)
-            remove = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - self.top_p
-            remove[:, -1] = False
-            values = values.masked_fill(remove.flip(-1), -float("inf"))
+        values, indices = top_k_top_p(scores, self.top_k, self.top_p)
         return torch.full_like(scores, -float("inf")).scatter_(-1, indices, values)
+
+
+def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float):
+    """(values, indices): the tokens `TopKTopP` keeps in each row, with their scores, and some
+    more at -inf (rows keep different numbers of tokens; a row's kept ones come first)."""
+    values, indices = scores.topk(min(top_k, scores.shape[-1]), dim=-1)  # descending
+    kth = values[:, -1:]
+    # The most tokens a row keeps (finite ones: a processor's -inf ties with nothing).
+    tied = int(((scores >= kth) & (scores > -float("inf"))).sum(-1).max())
+    if tied > values.shape[-1]:
+        values, indices = scores.topk(tied, dim=-1)
+        values = values.masked_fill(values < kth, -float("inf"))
+    if top_p < 1.0:
+        # generate's rule on the ascending order: drop tokens whose cumulative probability
+        # is at most 1 - top_p, never the most likely one.
+        ascending = values.flip(-1)
+        remove = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        remove[:, -1] = False
+        values = values.masked_fill(remove.flip(-1), -float("inf"))
+    return values, indices
+
+
+class CandidateSampler:
+    """generate's sampling (temperature, top-k, top-p as `sampling_warpers` builds them, then
+    one draw from the softmax) with the draw over the tokens top-k and top-p keep, not the
+    whole vocabulary: `torch.multinomial` draws an exponential for every entry of its input,
+    ~30 ms a step for 32 rows x 49152 tokens on a CPU, as long as SmolLM2-135M's whole forward
+    in bfloat16. The probabilities are generate's (tests/wim/test_prefix_cache.py); the random
+    numbers are used otherwise, so a seed draws other tokens than in `generate`, and the same
+    ones again here. Without a top-k (a generation config with `top_k: 0`) it draws over the
+    whole vocabulary."""
+
+    def __init__(self, config: GenerationConfig, temperature: float, top_p: float) -> None:
+        self.temperature = temperature
+        self.top_k = config.top_k if config.top_k is not None else _default("top_k")
+        self.top_p = top_p
+
+    def __call__(self, scores: torch.Tensor, live: torch.Tensor, rows: int) -> torch.Tensor:
+        """One token for each of the `live` rows (their indices among `rows`) from `scores`,
+        the logits after the caller's processors."""
+        probs, indices = self.candidates(scores)
+        picks = _draw(probs, live, rows)
+        return picks if indices is None else indices.gather(1, picks[:, None]).squeeze(1)
+
+    def candidates(self, scores: torch.Tensor):
+        """(probs, indices): each row's sampling probabilities over the tokens in `indices`
+        (None: over the whole vocabulary); 0 for the tokens top-k or top-p removed."""
+        if self.temperature != 1.0:
+            scores = TemperatureLogitsWarper(self.temperature)(None, scores)
+        if self.top_k:
+            values, indices = top_k_top_p(scores, self.top_k, self.top_p)
+            return values.softmax(dim=-1), indices
+        if self.top_p < 1.0:
+            scores = TopPLogitsWarper(top_p=self.top_p)(None, scores)
+        return scores.softmax(dim=-1), None
 
 
 def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_tokens: int,
@@ -123,7 +168,8 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
     `attention_mask` marks the real tokens of `input_ids` (it may have holes: a shared prefix,
     padding, then the row's own tokens); position ids follow from it, as in `generate`.
     `cache` must have room for `input_ids` and `max_new_tokens` more (a `StaticCache`).
-    `temperature` 0 is greedy; otherwise the warpers come from `model.generation_config`.
+    `temperature` 0 is greedy; otherwise `CandidateSampler` samples, with the top-k of
+    `model.generation_config`.
     """
     rows, width = input_ids.shape
     device = input_ids.device
@@ -131,7 +177,7 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
     mask[:, :width] = attention_mask
     positions = attention_mask.long().cumsum(-1) - 1
     sampling = temperature > 0
-    warpers = sampling_warpers(model.generation_config, temperature, top_p) if sampling else []
+    sample = CandidateSampler(model.generation_config, temperature, top_p) if sampling else None
     ends = torch.tensor(eos_ids, dtype=torch.long, device=device)
     out = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # original row of each row still in the batch
@@ -144,10 +190,10 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
                        position_ids=step_positions, cache=cache, use_cache=True,
                        logits_to_keep=1).logits
         scores = logits[:, -1, :].to(torch.float32)
-        for processor in (*processors, *warpers):  # generate's order
+        for processor in processors:
             scores = processor(sequences, scores)
-        if sampling:
-            tokens = _draw(torch.softmax(scores, dim=-1), live, rows)
+        if sample is not None:
+            tokens = sample(scores, live, rows)
         else:
             tokens = scores.argmax(dim=-1)
         # A finished row still in the batch writes padding, as in `generate`.
@@ -179,7 +225,7 @@ def decode(model, input_ids, attention_mask, cache, *, cached: int, max_new_toke
 def _draw(probs: torch.Tensor, live: torch.Tensor, rows: int) -> torch.Tensor:
     """One multinomial draw per live row, made over a batch of all `rows` rows (dropped rows
     uniform): torch draws each row from the random stream by its place in the batch, so a
-    smaller batch would give the rows that stay other tokens than `generate` gives them."""
+    row's tokens do not depend on when the rows before it left."""
     if len(live) == rows:
         return torch.multinomial(probs, 1).squeeze(1)
     full = torch.full((rows, probs.shape[1]), 1.0 / probs.shape[1], dtype=probs.dtype,

@@ -34,8 +34,9 @@ class TransformersBackend(Backend):
         self.reuse_prefix = reuse_prefix
         """Read a prefix shared by all prompts of a call once (prefix_cache.py)."""
         self.drop_finished = drop_finished
-        """After a shared prefix, decode with decode.py's loop, finished rows leaving the batch;
-        False: transformers' `generate` on the pre-filled cache."""
+        """Decode with decode.py's loop, finished rows leaving the batch and sampling over the
+        kept tokens only; False: transformers' `generate` (on the pre-filled cache of a shared
+        prefix, if any)."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.label = label
@@ -164,12 +165,20 @@ class TransformersBackend(Backend):
         out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out[:, input_ids.shape[1]:]
 
-    def _decode_after_prefix(self, inputs, params: SamplingParams, processors, criteria):
-        from transformers import StopStringCriteria
+    def _decode(self, inputs, params: SamplingParams, n: int, processors, criteria):
+        """decode.py's loop, after the shared prefix in `inputs`' cache, or from the prompt's
+        first token in a `StaticCache` sized for the batch (n rows per prompt, as `generate`'s
+        `num_return_sequences` lays them out)."""
+        from transformers import StaticCache, StopStringCriteria
 
         from wim.backends.decode import decode
 
         input_ids, attention_mask, cache = inputs
+        if cache is None:
+            input_ids = input_ids.repeat_interleave(n, dim=0)
+            attention_mask = attention_mask.repeat_interleave(n, dim=0)
+            cache = StaticCache(config=self.model.config,
+                                max_cache_len=input_ids.shape[1] + params.max_new_tokens)
         if params.stop:
             criteria = [*criteria, StopStringCriteria(self.tokenizer, list(params.stop))]
         return decode(self.model, input_ids, attention_mask, cache,
@@ -190,14 +199,14 @@ class TransformersBackend(Backend):
 
     def _use_loop(self) -> bool:
         """decode.py's loop, unless the model's generation config asks `generate` for settings
-        the loop does not apply (then `generate` decodes from the pre-filled cache)."""
+        the loop does not apply (then `generate` decodes, from the pre-filled cache if any)."""
         from wim.backends.decode import unsupported_settings
 
         if not self.drop_finished:
             return False
         unsupported = unsupported_settings(self.model.generation_config)
         if unsupported:
-            logger.debug("generation config sets %s: generate decodes after the prefix",
+            logger.debug("generation config sets %s: generate decodes, not the loop",
                          unsupported)
         return not unsupported
 
@@ -216,8 +225,8 @@ class TransformersBackend(Backend):
                                 choices=params.guide_choices)
             processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context(), decoding_attention(self.model):
-            if cache is not None and self._use_loop():  # finished rows leave the batch
-                new = self._decode_after_prefix(inputs, params, processors, criteria)
+            if self._use_loop():  # finished rows leave the batch
+                new = self._decode(inputs, params, n, processors, criteria)
             else:
                 new = self._generate(input_ids, attention_mask, params, n, processors, criteria,
                                      cache)
