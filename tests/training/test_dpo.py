@@ -104,3 +104,49 @@ def test_extra_key_that_shadows_a_dpo_field_is_refused(tmp_path):
     cfg.dpo.extra = {"beta": 0.5}
     with pytest.raises(ConfigError, match="'beta' has its own key; set dpo.beta instead"):
         train_dpo(cfg, pairs, tmp_path / "train")
+
+
+@pytest.mark.slow
+def test_bfloat16_lora_layers_train_on_their_input_uncast(tmp_path, monkeypatch):
+    """Under bfloat16 autocast the LoRA layers get their bfloat16 input as it is (peft would cast
+    it to their float32 weights, and autocast straight back): no input is cast while training
+    runs, and the losses and trained weights are bit for bit those of peft's casting."""
+    import contextlib
+
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from safetensors.torch import load_file
+
+    import training.dpo as dpo
+
+    casts = []
+    real_cast = BaseTunerLayer._cast_input_dtype
+
+    def spy(self, x, dtype):
+        out = real_cast(self, x, dtype)
+        if x is not None and out is not x:
+            casts.append((x.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(BaseTunerLayer, "_cast_input_dtype", spy)
+    pairs = tmp_path / "pairs.jsonl"
+    write_pairs(pairs)
+    cfg = small_config()
+    cfg.policy.dtype = "bfloat16"
+    runs = {}
+    for uncast in (True, False):
+        if not uncast:
+            monkeypatch.setattr(dpo, "lora_inputs_uncast",
+                                lambda model, args: contextlib.nullcontext())
+        casts.clear()
+        out = tmp_path / f"uncast-{uncast}"
+        metrics = train_dpo(cfg, pairs, out, progress=False)
+        assert metrics["train/compute_dtype"] == "bfloat16"
+        history = json.loads((out / "log_history.json").read_text())
+        runs[uncast] = ([h["loss"] for h in history if "loss" in h],
+                        load_file(out / "adapter" / "adapter_model.safetensors"), list(casts))
+    assert runs[True][2] == []
+    assert (torch.bfloat16, torch.float32) in runs[False][2]  # peft's cast, when left on
+    assert runs[True][0] == runs[False][0]
+    for name, weight in runs[True][1].items():
+        assert torch.equal(weight, runs[False][1][name]), name
