@@ -358,3 +358,28 @@ def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse(monke
     assert texts[True, 1] == texts[False, 1]
     assert texts[True, 2] == texts[False, 2]
     assert texts[True, 1] != texts[True, 2] and texts[True, 1] != greedy  # it did sample
+
+
+@pytest.mark.slow
+def test_samples_per_prompt_come_from_the_loop(monkeypatch) -> None:
+    """A policy's call (no shared prefix, n samples per prompt) decodes in the loop too: n rows
+    per prompt, greedy rows equal to the prompt's one greedy answer, sampled rows that differ
+    from each other and come again with the seed."""
+    import wim.backends.decode as decode_module
+    from wim.backends import SamplingParams
+
+    calls = []
+    real = decode_module.decode
+    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: calls.append(a[1].shape) or
+                        real(*a, **k))
+    backend = _bundled_float32(batch_size=4)
+    convs = [[{"role": "user", "content": q}] for q, _ in ITEMS[:3]]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    one = [row[0].text for row in backend.generate(convs, greedy, n=1)]
+    two = backend.generate(convs, greedy, n=2)
+    assert [[c.text for c in row] for row in two] == [[t, t] for t in one]
+    sampled = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.95)
+    first = [[c.text for c in row] for row in backend.generate(convs, sampled, n=2, seed=5)]
+    assert [[c.text for c in row] for row in backend.generate(convs, sampled, n=2, seed=5)] == first
+    assert any(a != b for a, b in first)
+    assert calls and all(shape[0] in (3, 6) for shape in calls)  # prompts x n rows, in the loop
