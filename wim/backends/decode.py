@@ -73,7 +73,7 @@ def sampling_warpers(config: GenerationConfig, temperature: float, top_p: float)
     `temperature` and `top_p`: temperature, top-k (from `config`, else generate's default),
     top-p; each only where it changes anything (transformers' `_get_logits_processor`).
     Top-k followed by top-p is one `TopKTopP`: the same scores for less work."""
-    top_k = config.top_k if config.top_k is not None else _default("top_k")
+    top_k = _top_k(config)
     warpers: list = []
     if temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(temperature))
@@ -82,6 +82,11 @@ def sampling_warpers(config: GenerationConfig, temperature: float, top_p: float)
     elif top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p=top_p))
     return warpers
+
+
+def _top_k(config: GenerationConfig) -> int:
+    """The top-k generate samples with: the generation config's, else generate's default (50)."""
+    return config.top_k if config.top_k is not None else _default("top_k")
 
 
 class TopKTopP:
@@ -136,7 +141,7 @@ class CandidateSampler:
 
     def __init__(self, config: GenerationConfig, temperature: float, top_p: float) -> None:
         self.temperature = temperature
-        self.top_k = config.top_k if config.top_k is not None else _default("top_k")
+        self.top_k = _top_k(config)
         self.top_p = top_p
 
     def __call__(self, scores: torch.Tensor, live: torch.Tensor, rows: int) -> torch.Tensor:
