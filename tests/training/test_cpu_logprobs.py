@@ -94,3 +94,22 @@ def test_bfloat16_under_autocast_is_close_to_float32() -> None:
     assert results["ours"][0] < 0.1 and results["ours"][1] < 0.02, results
     assert results["ours"][0] <= 1.5 * results["trl"][0] + 1e-3, results
     assert results["ours"][1] <= 1.5 * results["trl"][1] + 1e-3, results
+
+
+def test_autocast_changes_nothing_on_bfloat16_inputs() -> None:
+    """The kernel sets its own precision: under bfloat16 autocast, bfloat16 inputs give exactly
+    what they give without it. (Autocast would otherwise run the entropy's and log sum p^2's
+    float32 dot products in bfloat16, as it does `linalg.vecdot`.)"""
+    import torch
+
+    leaves32, targets = _inputs(torch.float32, True)
+    results = []
+    for autocast in (False, True):
+        leaves = [x.detach().bfloat16().requires_grad_() for x in leaves32]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            results.append(_run(_ours, leaves, targets, seed_grads=True))
+    (plain, plain_grads), (cast, cast_grads) = results
+    for name, a, b in zip(OUTPUTS, plain, cast, strict=True):
+        assert torch.equal(a, b), name
+    for a, b in zip(plain_grads, cast_grads, strict=True):
+        assert torch.equal(a, b)
