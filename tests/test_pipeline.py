@@ -66,7 +66,7 @@ def test_quickstart_end_to_end(finished_run: Path) -> None:
     assert report["dtype/policy"] == report["dtype/judge"] == dtype
     assert report["train/compute_dtype"] == dtype and report["train/lora_dtype"] == "float32"
     # training/cpu_attention.py: eager attention only while a bfloat16 model trains on a CPU
-    assert report["train/attention"] == ("eager" if dtype == "bfloat16" else "sdpa")
+    assert report["train/attention"] == ("wim_bfloat16_eager" if dtype == "bfloat16" else "sdpa")
     assert "machine/cpu_capability" in report and "machine/native_bf16" in report
     assert yaml.safe_load((finished_run / "resolved_config.yaml").read_text())[
         "config"]["policy"]["dtype"] == dtype

@@ -11,11 +11,23 @@ sampling and judging, which run outside it, keep SDPA, and so does every model o
 float32. Eager attention keeps each layer's `[batch, heads, length, length]` probabilities for
 the backward, so sequences longer than `EAGER_MAX_LENGTH` keep SDPA, whose memory grows with
 the length, not its square (a bound chosen, not measured: 1.1 GB for SmolLM2-135M at batch 8).
+
+The eager attention used is `bfloat16_eager_attention`, registered with transformers as
+`BFLOAT16_EAGER`: transformers' eager computes the softmax in float32 and casts its
+`[batch, heads, length, length]` probabilities back, two conversions forward and two backward;
+here the softmax reads and writes bfloat16 (it still sums in float32, and eager rounds its
+probabilities to bfloat16 as well), and the query heads that share a key/value head are one
+matrix product, without `repeat_kv`'s copies. A DPO step of the quickstart: about 7% less time,
+with the norms of training/cpu_norm.py (tests/benchmarks/results/dtype_attention_amx.txt).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+
+#: The name `bfloat16_eager_attention` is registered under, for attention and masks.
+BFLOAT16_EAGER = "wim_bfloat16_eager"
 
 #: Longest training sequence (DPO's max_length) for which eager attention is used.
 EAGER_MAX_LENGTH = 512
@@ -23,7 +35,8 @@ EAGER_MAX_LENGTH = 512
 
 @contextlib.contextmanager
 def training_attention(model, max_length: int | None):
-    """Within the `with`, a bfloat16 model on a CPU that uses SDPA uses eager attention when
+    """Within the `with`, a bfloat16 model on a CPU that uses SDPA uses eager attention
+    (`BFLOAT16_EAGER`) when
     training sequences are at most EAGER_MAX_LENGTH tokens (`max_length`; None: unbounded);
     any other model is left as it is. The model's own implementation is restored on exit.
     Yields the implementation training uses."""
@@ -37,5 +50,44 @@ def training_attention(model, max_length: int | None):
             or max_length is None or max_length > EAGER_MAX_LENGTH:
         yield own
         return
-    with attention_implementation(base, "eager"):
-        yield "eager"
+    register_bfloat16_eager()
+    with attention_implementation(base, BFLOAT16_EAGER):
+        yield BFLOAT16_EAGER
+
+
+def bfloat16_eager_attention(module, query, key, value, attention_mask, scaling: float,
+                             dropout: float = 0.0, **kwargs):
+    """transformers' eager attention (the `attention_interface` signature) with the softmax in
+    the inputs' dtype and no copies of the shared key/value heads; see the module docstring.
+    Models whose attention has more (logit softcapping, sink tokens) get their own eager."""
+    import torch
+
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        own = sys.modules[type(module).__module__].eager_attention_forward
+        return own(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                   **kwargs)
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    # The `groups` query heads of one key/value head, one after the other: [b, kv, g * L, d].
+    grouped = (query * scaling).reshape(batch, kv_heads, groups * length, dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3))
+    keys = scores.shape[-1]
+    if attention_mask is not None:
+        mask = attention_mask[..., :keys]
+        mask = mask[:, :, None] if mask.shape[1] == 1 else mask.view(batch, kv_heads, groups,
+                                                                       length, keys)
+        scores = (scores.view(batch, kv_heads, groups, length, keys) + mask).view_as(scores)
+    probs = torch.nn.functional.dropout(scores.softmax(dim=-1), p=dropout,
+                                        training=module.training)
+    out = torch.matmul(probs, value).view(batch, heads, length, dim)
+    return out.transpose(1, 2).contiguous(), probs.view(batch, heads, length, keys)
+
+
+def register_bfloat16_eager() -> None:
+    """Make `BFLOAT16_EAGER` an attention implementation (with eager's additive masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(BFLOAT16_EAGER, bfloat16_eager_attention)
+    AttentionMaskInterface.register(BFLOAT16_EAGER, eager_mask)
