@@ -116,7 +116,10 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
     """
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
-    text = _from_json(_as_text(text))
+    text = _as_text(text)
+    guided = _from_json(text)
+    if guided is not None:
+        return _parse_json(*guided, mode, instructions)
     if _AUTHORS_RATING.search(text):
         return _parse_authors(text, mode, instructions)
     labels = list(_RATING_LABEL.finditer(text))
@@ -127,25 +130,39 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
     return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
 
 
-def _from_json(text: str) -> str:
-    """A JSON object with a "rating" (and "missing") key, as a server writes it for the guided
-    format (wim/judge_prompts.py judge_json_schema), rewritten as the two-line text format so
-    that every value is checked by the same rules; any other text unchanged."""
+def _from_json(text: str) -> tuple[object, object] | None:
+    """(missing, rating) of a JSON object with a "rating" (and "missing") key, as a server
+    writes it for the guided format (wim/judge_prompts.py judge_json_schema); None for any
+    other text. `missing` is None when absent or null."""
     stripped = _CODE_FENCE.sub("", text).strip()
     if not (stripped.startswith("{") and stripped.endswith("}")):
-        return text
+        return None
     try:
         data = json.loads(stripped, strict=False)  # a raw newline inside a string is common
     except ValueError:
-        return text
+        return None
     if not isinstance(data, dict):
-        return text
+        return None
     fields = {str(k).lower(): v for k, v in data.items()}
     if "rating" not in fields:
-        return text
-    missing = fields.get("missing")  # absent or null: no critique (an error in wim mode)
-    lines = [] if missing is None else [f"Missing: {_json_value(missing)}"]
-    return "\n".join([*lines, f"Rating: {_json_value(fields['rating'])}"])
+        return None
+    return fields.get("missing"), fields["rating"]
+
+
+def _parse_json(missing: object, rating_value: object, mode: str,
+                instructions: str) -> ParsedJudgement:
+    """A guided judgement's values checked by the text format's rules, each on its own: the
+    critique is never searched for labels, so one that mentions "Rating: 0" or "[[3]]" keeps
+    the JSON's rating."""
+    shown = _json_value(rating_value)
+    match = _VALUE.fullmatch(shown)
+    rating, rating_error = _check_value(match) if match else (
+        None, f"rating {shown[:20]!r} is not a number")
+    if mode == "numeric":
+        return ParsedJudgement(None, rating, rating is not None, rating_error)
+    critique = None if missing is None else normalize_critique(
+        _clean_critique(_json_value(missing)))
+    return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
 
 
 def _json_value(value: object) -> str:

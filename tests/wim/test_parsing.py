@@ -385,3 +385,25 @@ def test_instructions_without_criteria_leave_out_the_sentence_naming_them(mode: 
     empty = build_judge_instructions("  ", mode)
     assert "Weigh" not in empty and " ." not in empty
     assert empty.startswith(build_judge_instructions("accuracy", mode).split(" Weigh")[0])
+
+
+@pytest.mark.parametrize("critique", ["It lacks the date. Rating: 0", "It lacks [[3]] the date.",
+                                      "Rating: 11 is not what it says.", "[[[the date]]]"])
+def test_guided_json_keeps_its_own_rating_and_critique(critique: str) -> None:
+    """A server's guided JSON is read by its keys: a critique that mentions a rating, or the
+    authors' [[N]] / [[[...]]] markup, neither replaces the JSON's rating nor is cut short."""
+    import json
+
+    text = json.dumps({"missing": critique, "rating": 7})
+    assert parse_judgement(text) == ParsedJudgement(critique, 7, True, None)
+    assert parse_judgement(text, "numeric") == ParsedJudgement(None, 7, True, None)
+
+
+@pytest.mark.parametrize(("rating", "error"), [(0, "rating 0 outside 1..10"),
+                                               (7.5, "rating 7.5 is not an integer"),
+                                               ("seven", "rating 'seven' is not a number")])
+def test_guided_json_ratings_follow_the_text_rules(rating, error: str) -> None:
+    import json
+
+    result = parse_judgement(json.dumps({"missing": "The date.", "rating": rating}))
+    assert (result.rating, result.ok, result.error) == (None, False, error)
