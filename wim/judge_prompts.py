@@ -45,6 +45,16 @@ def critique_max_chars(max_new_tokens: int | None) -> int:
     return max(8, CHARS_PER_TOKEN * (max_new_tokens - JSON_OVERHEAD_TOKENS))
 
 
+def guided_max_tokens(mode: str, max_new_tokens: int) -> int:
+    """The token limit of a guided judge request: judge.max_new_tokens, raised so that a
+    critique of `maxLength` characters at one token each (digits, braces: the bundled judge
+    wrote "10 out of 20 {is 10} {is 3}/...") still leaves room for the rating. The schema bounds
+    characters, not tokens; without this, such a critique ended the JSON before its rating."""
+    if mode != "wim":
+        return max_new_tokens
+    return max(max_new_tokens, critique_max_chars(max_new_tokens) + JSON_OVERHEAD_TOKENS)
+
+
 def judge_json_schema(mode: str = "wim", max_new_tokens: int | None = None) -> dict:
     """The JSON a server is asked for (HTTP judges, `judge.guided_json`): the fields of the
     text format as keys, `{"missing": "...", "rating": N}` (numeric mode: only the rating).

@@ -28,6 +28,7 @@ from wim.judge_prompts import (
     RATING_PREFILL,
     build_judge_instructions,
     build_judge_messages,
+    guided_max_tokens,
     judge_json_schema,
 )
 from wim.parsing import ECHOED_RUBRIC, parse_judgement
@@ -179,7 +180,9 @@ class BackendJudge(Judge):
             guided = (self.guided_json and self.prompt == "ours"
                       and self.backend.supports_json_schema)
             schema = judge_json_schema(self.mode, self.max_new_tokens) if guided else None
-            params = SamplingParams(self.max_new_tokens, temperature, 1.0, json_schema=schema)
+            limit = guided_max_tokens(self.mode, self.max_new_tokens) if guided \
+                else self.max_new_tokens
+            params = SamplingParams(limit, temperature, 1.0, json_schema=schema)
             head = ""
         elif self.prompt == "authors":
             return self._ask_authors(convs, temperature, seed)

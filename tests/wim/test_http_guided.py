@@ -16,7 +16,7 @@ from conftest import QUICKSTART, SHRUNK, run_wim, sets
 from recording_server import JSONServer, chat_completion
 
 from wim.backends.http_backend import HTTPBackend
-from wim.judge_prompts import judge_json_schema
+from wim.judge_prompts import JSON_OVERHEAD_TOKENS, judge_json_schema
 from wim.judges import BackendJudge
 from wim.records import read_records
 
@@ -93,7 +93,11 @@ def test_the_exact_schema_is_sent_in_both_forms(mode):
     # instructions and the item (the format is asked for, not prefilled).
     for body, (prompt, response) in zip(rest, ITEMS, strict=True):
         assert body["model"] == "m" and body["temperature"] == 0.0
-        assert body["max_tokens"] == judge.max_new_tokens
+        # Room for a critique of maxLength characters at one token each, then the rating.
+        max_length = schema["properties"]["missing"]["maxLength"] if mode == "wim" else 0
+        assert body["max_tokens"] == max(judge.max_new_tokens,
+                                         max_length + JSON_OVERHEAD_TOKENS if max_length else 0)
+        assert mode != "wim" or body["max_tokens"] > judge.max_new_tokens
         text = json.dumps(body["messages"])
         assert json.dumps(prompt)[1:-1] in text and json.dumps(response)[1:-1] in text
         assert body["messages"][-1]["role"] == "user"
