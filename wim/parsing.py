@@ -154,10 +154,7 @@ def _parse_json(missing: object, rating_value: object, mode: str,
     """A guided judgement's values checked by the text format's rules, each on its own: the
     critique is never searched for labels, so one that mentions "Rating: 0" or "[[3]]" keeps
     the JSON's rating."""
-    shown = _json_value(rating_value)
-    match = _VALUE.fullmatch(shown)
-    rating, rating_error = _check_value(match) if match else (
-        None, f"rating {shown[:20]!r} is not a number")
+    rating, rating_error = _rating_value(_json_value(rating_value))
     if mode == "numeric":
         return ParsedJudgement(None, rating, rating is not None, rating_error)
     critique = None if missing is None else normalize_critique(
@@ -173,10 +170,7 @@ def _json_value(value: object) -> str:
 
 def _parse_authors(text: str, mode: str, instructions: str) -> ParsedJudgement:
     """`[[N]]` rating and `[[[...]]]` critique; the last of each counts."""
-    value = _AUTHORS_RATING.findall(text)[-1].strip()
-    match = _VALUE.fullmatch(value)
-    rating, rating_error = _check_value(match) if match else (None, f"rating {value[:20]!r} is "
-                                                                    "not a number")
+    rating, rating_error = _rating_value(_AUTHORS_RATING.findall(text)[-1].strip())
     if mode == "numeric":
         return ParsedJudgement(None, rating, rating is not None, rating_error)
     blocks = _AUTHORS_MISSING.findall(text)
@@ -261,6 +255,12 @@ def _find_rating(
     if not shown:
         return None, "rating label without a value", label
     return None, f"rating {shown!r} is not a number", label
+
+
+def _rating_value(value: str) -> tuple[int | None, str | None]:
+    """(rating, error) of a rating's value on its own (the JSON's, or the authors' [[N]])."""
+    match = _VALUE.fullmatch(value)
+    return _check_value(match) if match else (None, f"rating {value[:20]!r} is not a number")
 
 
 def _check_value(value: re.Match[str]) -> tuple[int | None, str | None]:
