@@ -19,6 +19,10 @@ class Completion:
     completion_tokens: int = 0
     ok: bool = True
     error: str | None = None
+    top_logprobs: tuple[dict[str, float], ...] = ()
+    """With `SamplingParams.top_logprobs`: per generated token, the log-probabilities of the
+    most likely tokens at that position (token text -> logprob); empty when not asked for or
+    the server gave none."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class SamplingParams:
     json_schema: dict | None = None
     """Judge format for servers (backends with `supports_json_schema`): ask for JSON that
     matches this schema (`response_format`); a server that refuses it gets plain text."""
+    top_logprobs: int = 0
+    """Ask for this many most likely tokens per generated position (`Completion.top_logprobs`;
+    OpenAI's `logprobs: true, top_logprobs: N`). 0: none."""
 
 
 def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
@@ -58,6 +65,10 @@ class Backend(ABC):
     context_tokens: int | None = None
     #: The floating-point type a local model computes in; None for a server or llama.cpp.
     dtype: str | None = None
+    #: Requests the backend serves at once. Above 1, `generate` may be called from several
+    #: threads at the same time and the stages keep that many requests in flight across their
+    #: batches (data_gen/flow.py); in-process models serve one call at a time.
+    max_in_flight: int = 1
 
     def count_tokens(self, conversation: Conversation, prefill: str | None = None) -> int:
         """Prompt tokens of a conversation. This default, for backends without a tokenizer,

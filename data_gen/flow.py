@@ -1,0 +1,46 @@
+"""Work that flows: calls to a backend kept in flight across batch boundaries.
+
+A server with continuous batching (vLLM, SGLang) is busy only while requests wait for it. A
+stage that waits for the slowest request of one batch before sending the next leaves it idle
+for the tail of every batch, so the stages run several batches at once and still take their
+results in batch order (records are written in a deterministic order; resume and shards stay
+exact).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) for each item, in the items' order, with up to `window` calls running
+    at once in threads. Items are read lazily, at most `window` ahead of what was yielded.
+    window <= 1 runs every call in the caller's thread, one after the other."""
+    if window <= 1:
+        for item in items:
+            yield item, fn(item)
+        return
+    pending: deque = deque()
+    with ThreadPoolExecutor(window, thread_name_prefix="wim-flow") as pool:
+        for item in items:
+            pending.append((item, pool.submit(fn, item)))
+            if len(pending) >= window:
+                item0, future = pending.popleft()
+                yield item0, future.result()
+        while pending:
+            item0, future = pending.popleft()
+            yield item0, future.result()
+
+
+def batch_window(max_in_flight: int, requests_per_batch: int) -> int:
+    """How many batches to run at once so that `max_in_flight` requests stay busy: enough to
+    fill every slot, plus one waiting, so a finished request is replaced at once."""
+    if max_in_flight <= 1:
+        return 1
+    return 2 + -(-max_in_flight // max(1, requests_per_batch))
