@@ -191,6 +191,9 @@ class HTTPBackend(Backend):
         }
         if params.stop:
             payload["stop"] = list(params.stop)
+        if params.top_logprobs:
+            payload["logprobs"] = True
+            payload["top_logprobs"] = params.top_logprobs
         failure = _Failure("no attempt made", retry=False)
         first = self._take_index()
         attempt = 0
@@ -327,5 +330,25 @@ def _parse(body: bytes, url: str) -> list[Completion] | _Failure:
     weights = [len(t) + 1 for t in texts]
     shares = [completion_tokens * w // sum(weights) for w in weights]
     shares[0] += completion_tokens - sum(shares)  # the rounding remainder, so the sum is exact
-    return [Completion(t, prompt_tokens=prompt_tokens if i == 0 else 0, completion_tokens=c)
-            for i, (t, c) in enumerate(zip(texts, shares, strict=True))]
+    tops = [_top_logprobs(choice) for choice in data["choices"]]
+    return [Completion(t, prompt_tokens=prompt_tokens if i == 0 else 0, completion_tokens=c,
+                       top_logprobs=top)
+            for i, (t, c, top) in enumerate(zip(texts, shares, tops, strict=True))]
+
+
+def _top_logprobs(choice: dict) -> tuple[dict[str, float], ...]:
+    """Per generated token, {token: logprob} of its `top_logprobs` (OpenAI's chat format:
+    `choice.logprobs.content[i].top_logprobs`); () when the server sent none. A token that
+    appears twice keeps its larger logprob."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    out = []
+    for position in content:
+        top: dict[str, float] = {}
+        for entry in (position.get("top_logprobs") or []):
+            try:
+                token, logprob = str(entry["token"]), float(entry["logprob"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            top[token] = max(logprob, top.get(token, float("-inf")))
+        out.append(top)
+    return tuple(out)
