@@ -20,12 +20,12 @@ from data_gen.fingerprints import (
     prompts_sha256,
     record_finished,
 )
+from data_gen.score_stage import score_run
 from data_gen.stages import (
     Shard,
     export_pairs,
     generate_samples,
     judge_samples,
-    score_run,
 )
 from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
 from wim.backends.adapter_serving import served_http
