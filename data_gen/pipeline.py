@@ -68,16 +68,17 @@ class Resources:
         self._judge: BackendJudge | None = None
         self._prompts = None
         self._held_out = None
-        self._source = None  # (SourceSet, sha256) of generation.source
+        self._source = None  # (Source, sha256) of generation.source
         self._lm = None  # (model, tokenizer) of a transformers policy
         self._adapter: str | None = None  # the adapter folder whose weights the model holds
 
     def prompts(self):
         """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py).
-        With `generation.source`, the source's prompts that have two or more responses."""
+        With `generation.source`, the source's prompts that have two or more responses, read
+        into memory (online training only; the data stages stream the source)."""
         if self._prompts is None:
             if self.cfg.generation.source is not None:
-                self._prompts = [sp.prompt for sp in self.source()[0].prompts]
+                self._prompts = [sp.prompt for sp in self.source()[0]]
                 self._held_out = []
             else:
                 p = self.cfg.prompts
@@ -85,24 +86,43 @@ class Resources:
                                                            p.holdout)
         return self._prompts
 
+    def batch_prompts(self):
+        """What the judge stage batches: the prompts, or for `generation.source` their ids and
+        lengths (`PromptRef`), from the import's pass over the source or a pass of its own."""
+        if self.cfg.generation.source is None:
+            return self.prompts()
+        source = self.source()[0]
+        if not source.complete:
+            for _ in source:  # keeps source.refs, not the rows
+                pass
+        return source.refs
+
+    def check_inputs(self) -> None:
+        """Fail on a bad prompts file, or a source that cannot be opened, before the run
+        directory is touched (a source's later rows are checked as the import reads them)."""
+        if self.cfg.generation.source is not None:
+            self.source()[0].check()
+        else:
+            self.prompts()
+
     def source(self):
-        """(SourceSet, its content sha256) of `generation.source`, read once."""
+        """(Source, its content sha256) of `generation.source`; the Source streams its rows
+        each time it is iterated (wim/sources.py)."""
         if self._source is None:
-            from wim.sources import load_source, source_sha256
+            from wim.sources import Source, source_sha256
 
             g = self.cfg.generation
             sha = source_sha256(g.source, g.source_split)
-            self._source = (load_source(g.source, g.source_split, g.source_shape,
-                                        g.source_columns, self.cfg.prompts.limit), sha)
+            self._source = (Source(g.source, g.source_split, g.source_shape, g.source_columns,
+                                   self.cfg.prompts.limit), sha)
         return self._source
 
     def inputs_sha256(self) -> str:
-        """What the generate and judge stages read beyond the config: the prompts, and the
-        content of `generation.source` when set."""
-        sha = prompts_sha256(self.prompts())
+        """What the generate and judge stages read beyond the config: the prompts, or the
+        content of `generation.source` when set (which fixes its prompts)."""
         if self.cfg.generation.source is not None:
-            sha = f"{sha}:{self.source()[1]}"
-        return sha
+            return f"source:{self.source()[1]}"
+        return prompts_sha256(self.prompts())
 
     def held_out(self):
         self.prompts()
@@ -276,7 +296,7 @@ def _generate(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, pro
 
 def _judge(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
            fingerprint: str) -> dict[str, Any]:
-    return judge_samples(cfg, run, res.prompts(), res.judge(), shard, progress)
+    return judge_samples(cfg, run, res.batch_prompts(), res.judge(), shard, progress)
 
 
 def _score(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,

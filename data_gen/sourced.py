@@ -4,8 +4,9 @@ Nothing is sampled and no policy is loaded. Each response becomes one sample rec
 source's order (sample_idx 0, 1, ...), with its origin (the model name where the source gives
 one) and, where the source has them, its label (`source_label`: chosen / rejected) or rating
 (`source_rating`), so that the report can compare our rankings with the source's own.
-Prompts are batched as in sampling (data_gen/stages.py), so shards and resume work the same:
-records already in samples.jsonl are kept, the missing ones are appended.
+The source is read as a stream (wim/sources.py `Source`), never held whole. Prompts are
+batched as in sampling (data_gen/stages.py) from their ids and lengths alone, so shards and
+resume work the same: records already in samples.jsonl are kept, the missing ones appended.
 """
 
 from __future__ import annotations
@@ -17,51 +18,71 @@ from typing import Any
 
 from data_gen.stages import Shard, _bar, _write_stats, prompt_batches
 from wim.config import Config
-from wim.records import JsonlAppender, index_by_key, read_keyed
+from wim.records import JsonlAppender, iter_keyed, read_keys
 from wim.rundir import RunDir
-from wim.sources import SourcedPrompt, SourceSet
+from wim.sources import Source, SourcedPrompt
 
 logger = logging.getLogger(__name__)
 
 
-def import_samples(cfg: Config, run: RunDir, source: SourceSet, sha256: str,
+def import_samples(cfg: Config, run: RunDir, source: Source, sha256: str,
                    shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Write the source's responses as samples, skipping records already written."""
+    """Write the source's responses as samples, skipping records already written, reading the
+    source as a stream (records go out in source order, a prompt's responses together). A
+    shard first reads the prompts' ids and lengths, to know which batches are its own."""
     start = time.perf_counter()
-    by_id = {sp.prompt.id: sp for sp in source.prompts}
-    batches = prompt_batches([sp.prompt for sp in source.prompts], cfg.generation.batch_size,
-                             shard)
-    done = index_by_key(read_keyed(run.samples))
-    mine = [by_id[p.id] for _, batch in batches for p in batch]
-    bar = _bar(sum(len(sp.responses) for sp in mine), "import", progress)
+    mine = None
+    if shard is not None:
+        if not source.complete:
+            for _ in source:  # ids and lengths only (source.refs); the rows are not kept
+                pass
+        mine = {p.id for _, batch in prompt_batches(source.refs, cfg.generation.batch_size,
+                                                    shard) for p in batch}
+    done = read_keys(run.samples)
+    bar = _bar(None, "import", progress)
     with JsonlAppender(run.samples) as out:
-        for sp in mine:
-            records = [_record(cfg, sp, j) for j in range(len(sp.responses))
-                       if (sp.prompt.id, j) not in done]
-            out.write_all(records)
+        pending: list[dict[str, Any]] = []
+        for sp in source:
+            if mine is not None and sp.prompt.id not in mine:
+                continue
+            pending += [_record(cfg, sp, j) for j in range(len(sp.responses))
+                        if (sp.prompt.id, j) not in done]
             bar.update(len(sp.responses))
+            if len(pending) >= 256:  # one fsync per few hundred records, not per prompt
+                out.write_all(pending)
+                pending = []
+        out.write_all(pending)
     bar.close()
-    samples = read_keyed(run.samples)
-    origins = Counter(r.get("origin") or "(not given)" for r in samples)
-    stats: dict[str, Any] = {
-        "generate/records": len(samples),
+    stats = _sample_stats(run)
+    stats.update({
         "generate/source": cfg.generation.source,
         "generate/source_shape": source.shape,
         "generate/source_sha256": sha256,
         "generate/source_rows": source.rows,
-        "generate/source_prompts": len(source.prompts),
+        "generate/source_prompts": source.kept,
         "generate/source_too_few_responses": len(source.too_few),
-        "generate/source_labels": sum(r.get("source_label") is not None for r in samples),
-        "generate/source_ratings": sum(r.get("source_rating") is not None for r in samples),
-        "generate/origins": dict(sorted(origins.items())),
-        "generate/empty": sum(not r["response"].strip() for r in samples),
         "generate/backend_failed": 0,
         "tokens/policy/in": 0,
         "tokens/policy/out": 0,
         "time/generate": time.perf_counter() - start,
-    }
+    })
     _write_stats(run, "generate", stats)
     return stats
+
+
+def _sample_stats(run: RunDir) -> dict[str, Any]:
+    """Counts of samples.jsonl in one streaming pass."""
+    records, labels, ratings, empty = 0, 0, 0, 0
+    origins: Counter = Counter()
+    for _, r in iter_keyed(run.samples):
+        records += 1
+        origins[r.get("origin") or "(not given)"] += 1
+        labels += r.get("source_label") is not None
+        ratings += r.get("source_rating") is not None
+        empty += not r["response"].strip()
+    return {"generate/records": records, "generate/source_labels": labels,
+            "generate/source_ratings": ratings, "generate/origins": dict(sorted(origins.items())),
+            "generate/empty": empty}
 
 
 def _record(cfg: Config, sp: SourcedPrompt, j: int) -> dict[str, Any]:

@@ -12,19 +12,29 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from data_gen.flow import batch_window, ordered_map
 from wim.backends import Backend, SamplingParams
 from wim.config import Config
 from wim.context import fit_messages, token_budget
 from wim.errors import InputError
 from wim.judges import Judge
-from wim.prompts import Prompt
-from wim.records import JsonlAppender, index_by_key, read_keyed, write_records_atomic
+from wim.prompts import Prompt, PromptRef
+from wim.records import (
+    JsonlAppender,
+    KeySet,
+    RecordIndex,
+    iter_keyed,
+    read_keys,
+    record_key,
+    write_records_atomic,
+)
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -51,9 +61,11 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
-def prompt_batches(prompts: list[Prompt], batch_size: int, shard: Shard | None = None):
-    """[(batch index, prompts)], sorted by length, this shard's share only."""
-    ordered = sorted(prompts, key=lambda p: (sum(len(m["content"]) for m in p.messages), p.id))
+def prompt_batches(prompts: Sequence[Prompt | PromptRef], batch_size: int,
+                   shard: Shard | None = None):
+    """[(batch index, prompts)], sorted by length, this shard's share only. A `PromptRef`
+    (id and length) batches exactly as its `Prompt` would."""
+    ordered = sorted(prompts, key=lambda p: (p.length, p.id))
     batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
     return [(b, batch) for b, batch in enumerate(batches)
             if shard is None or b % shard.count == shard.index]
@@ -69,7 +81,7 @@ def _write_stats(run: RunDir, stage: str, stats: dict[str, Any]) -> None:
     (folder / f"{stage}.json").write_text(json.dumps(stats, indent=2))
 
 
-def _bar(total: int, desc: str, progress: bool):
+def _bar(total: int | None, desc: str, progress: bool):
     return tqdm(total=total, desc=desc, unit="sample", disable=not progress, dynamic_ncols=True)
 
 
@@ -83,22 +95,30 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
     k = cfg.generation.k
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)
-    done = index_by_key(read_keyed(run.samples))
+    done = read_keys(run.samples)
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     fits = _fit_prompts(cfg, [p for _, batch in batches for p in batch], backend)
     start, new_tokens, failed = time.perf_counter(), 0, 0
     bar = _bar(sum(len(b) for _, b in batches) * k, "generate", progress)
-    with JsonlAppender(run.samples) as out:
+
+    def todo():  # the batches with a missing sample, read lazily by ordered_map
         for b, batch in batches:
             live = [p for p in batch if fits[p.id][0] is not None]
             missing = [(p, j) for p in live for j in range(k) if (p.id, j) not in done]
             bar.update(len(batch) * k - len(missing))
-            if not missing:
-                continue
-            # The whole batch is regenerated with its own seed, so the samples are identical
-            # to an uninterrupted run; only the missing ones are written.
-            outs = backend.generate([fits[p.id][0] for p in live], params, n=k,
-                                    seed=batch_seed(cfg.seed, "generate", b))
+            if missing:
+                yield b, live, len(missing)
+
+    def sample(item):
+        # The whole batch is regenerated with its own seed, so the samples are identical
+        # to an uninterrupted run; only the missing ones are written.
+        b, live, _ = item
+        return backend.generate([fits[p.id][0] for p in live], params, n=k,
+                                seed=batch_seed(cfg.seed, "generate", b))
+
+    window = batch_window(backend.max_in_flight, cfg.generation.batch_size)
+    with JsonlAppender(run.samples) as out:
+        for (_, live, missing), outs in ordered_map(sample, todo(), window):
             records = []
             for p, completions in zip(live, outs, strict=True):
                 for j, c in enumerate(completions):
@@ -111,16 +131,14 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
                     records.append(_sample_record(cfg, p, j, c, truncated=fits[p.id][1]))
                     new_tokens += c.completion_tokens
             out.write_all(records)
-            bar.update(len(missing))
+            bar.update(missing)
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    samples = read_keyed(run.samples)
-    stats = _token_stats(samples, "generate", "policy")
+    stats = _token_stats(run.samples, "generate", "policy")
     stats.update({
         "generate/backend_failed": failed,
         "generate/truncated": sum(truncated for _, truncated in fits.values()),
         "generate/skipped_overlong": sum(msgs is None for msgs, _ in fits.values()),
-        "generate/empty": sum(not r["response"].strip() for r in samples),
         "time/generate": time.perf_counter() - start,
     })
     stats.update(_backend_stats(backend, "policy"))
@@ -153,61 +171,80 @@ def _sample_record(cfg: Config, prompt: Prompt, j: int, c, truncated: bool) -> d
     return record
 
 
-def _token_stats(records: list[dict], stage: str, role: str) -> dict[str, Any]:
-    prompt_tokens = sum(r.get("prompt_tokens", 0) for r in records)
-    completion_tokens = sum(r.get("completion_tokens", 0) for r in records)
-    return {
-        f"{stage}/records": len(records),
+def _token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:
+    """Records, tokens, empty responses and failed parses of a stage file, in one streaming
+    pass (records are counted, never held)."""
+    records, prompt_tokens, completion_tokens, empty, failed = 0, 0, 0, 0, 0
+    for _, r in iter_keyed(path):
+        records += 1
+        prompt_tokens += r.get("prompt_tokens", 0)
+        completion_tokens += r.get("completion_tokens", 0)
+        empty += not str(r.get("response") or "").strip()
+        failed += not r.get("parse_ok", True)
+    stats: dict[str, Any] = {
+        f"{stage}/records": records,
         f"tokens/{role}/in": prompt_tokens,
         f"tokens/{role}/out": completion_tokens,
     }
+    if stage == "generate":
+        stats["generate/empty"] = empty
+    else:
+        stats[f"{stage}/parse_failed"] = failed
+    return stats
 
 
-def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
+def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef], judge: Judge,
                   shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Judge every sample into judgements.jsonl, one generation batch at a time."""
-    samples = index_by_key(run.require("samples.jsonl", "wim generate"))
-    done = index_by_key(_final_judgements(run))
+    """Judge every sample into judgements.jsonl, one generation batch at a time, with several
+    batches in flight when the judge's backend serves many requests at once (data_gen/flow.py);
+    records are still written batch by batch in batch order. samples.jsonl is indexed (the
+    offsets of each prompt's records), and a batch's samples are read when it runs."""
+    samples = RecordIndex(run.samples)
+    if not len(samples):
+        run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
+    done, failed = _final_judgements(run)
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
-    keys_of: dict[str, list[tuple[str, int]]] = {}  # k samples, or a source's own count
-    for key in sorted(samples):
-        keys_of.setdefault(key[0], []).append(key)
-    start, failed = time.perf_counter(), sum(not r["parse_ok"] for r in done.values())
-    tokens, lost = 0, 0
-    bar = _bar(len(samples), "judge", progress)
+    start, tokens, lost = time.perf_counter(), 0, 0
+    bar = _bar(sum(samples.sample_count(p.id) for _, batch in batches for p in batch), "judge",
+               progress)
     overlong = {"truncated": 0, "skipped": 0}
-    with JsonlAppender(run.judgements) as out:
+
+    def todo():  # batches with a sample not judged yet, their samples read as they are needed
         for b, batch in batches:
-            keys = [key for p in batch for key in keys_of.get(p.id, [])]
-            fits = judge.fit([(samples[key]["prompt"], samples[key]["response"]) for key in keys],
+            records = samples.read(p.id for p in batch)
+            fits = judge.fit([(r["prompt"], r["response"]) for r in records],
                              cfg.judge.overlong, cfg.judge.max_input_tokens)
             overlong["truncated"] += sum(cut for _, cut in fits)
             overlong["skipped"] += sum(item is None for item, _ in fits)
-            live = [(key, item, cut) for key, (item, cut) in zip(keys, fits, strict=True)
+            live = [(r, item, cut) for r, (item, cut) in zip(records, fits, strict=True)
                     if item is not None]
-            missing = [key for key, _, _ in live if key not in done]
-            bar.update(len(keys) - len(missing))
-            if not missing:
-                continue
-            results = judge.judge([item for _, item, _ in live],
-                                  seed=batch_seed(cfg.seed, "judge", b))
-            new = [(key, cut, res) for (key, _, cut), res in zip(live, results, strict=True)
-                   if key not in done]
+            missing = sum(record_key(r) not in done for r, _, _ in live)
+            bar.update(len(records) - missing)
+            if missing:
+                yield b, live, missing
+
+    def ask(item):
+        b, live, _ = item
+        return judge.judge([it for _, it, _ in live], seed=batch_seed(cfg.seed, "judge", b))
+
+    window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
+    with JsonlAppender(run.judgements) as out:
+        for (_, live, missing), results in ordered_map(ask, todo(), window):
+            new = [(r, cut, res) for (r, _, cut), res in zip(live, results, strict=True)
+                   if record_key(r) not in done]
             # A backend failure is no verdict: left out, so the next run judges it again.
             lost += sum(res.backend_failed for _, _, res in new)
-            records = [_judgement_record(samples[key], judge, res, cut) for key, cut, res in new
+            records = [_judgement_record(r, judge, res, cut) for r, cut, res in new
                        if not res.backend_failed]
             out.write_all(records)
-            bar.update(len(missing))
+            bar.update(missing)
             failed += sum(not r["parse_ok"] for r in records)
             tokens += sum(r["completion_tokens"] for r in records)
             bar.set_postfix(parse_failed=failed, backend_failed=lost,
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    judgements = read_keyed(run.judgements)
-    stats = _token_stats(judgements, "judge", "judge")
-    stats.update({"judge/parse_failed": sum(not r["parse_ok"] for r in judgements),
-                  "judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
+    stats = _token_stats(run.judgements, "judge", "judge")
+    stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
                   "judge/skipped_overlong": overlong["skipped"],
                   "time/judge": time.perf_counter() - start})
     stats.update(_backend_stats(getattr(judge, "backend", None), "judge"))
@@ -215,17 +252,27 @@ def judge_samples(cfg: Config, run: RunDir, prompts: list[Prompt], judge: Judge,
     return stats
 
 
-def _final_judgements(run: RunDir) -> list[dict[str, Any]]:
-    """The judgements to keep. Older versions recorded backend failures as parse failures;
-    those are dropped from the file (rewritten whole) so that they are judged again."""
-    records = read_keyed(run.judgements)
-    final = [r for r in records
-             if r["parse_ok"] or not str(r.get("parse_error") or "").startswith("backend failed")]
-    if len(final) < len(records):
-        logger.info("%d judgements lost to backend failures will be judged again",
-                    len(records) - len(final))
-        write_records_atomic(run.judgements, final)
-    return final
+def _is_backend_failure(record: dict[str, Any]) -> bool:
+    return not record["parse_ok"] and str(record.get("parse_error") or "").startswith(
+        "backend failed")
+
+
+def _final_judgements(run: RunDir) -> tuple[KeySet, int]:
+    """The keys of the judgements to keep and how many of them failed to parse. Older
+    versions recorded backend failures as parse failures; those are dropped from the file
+    (rewritten, streaming) so that they are judged again."""
+    keys, failed, stale = KeySet(), 0, 0
+    for _, r in iter_keyed(run.judgements):
+        if _is_backend_failure(r):
+            stale += 1
+            continue
+        keys.add(record_key(r))
+        failed += not r["parse_ok"]
+    if stale:
+        logger.info("%d judgements lost to backend failures will be judged again", stale)
+        write_records_atomic(run.judgements, (r for _, r in iter_keyed(run.judgements)
+                                              if not _is_backend_failure(r)))
+    return keys, failed
 
 
 def _backend_stats(backend, role: str) -> dict[str, Any]:

@@ -248,7 +248,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         runner, stages = run_stages, (args.command,)
     resources = Resources(cfg)
     if {"generate", "judge"} & set(stages):
-        resources.prompts()  # a bad prompts file fails before the run directory is touched
+        resources.check_inputs()  # a bad prompts file fails before the run directory is touched
     run = RunDir(out)
     with run.lock("wim " + " ".join(sys.argv[1:])):
         run.claim(cfg, str(shard) if shard else None)

@@ -69,6 +69,9 @@ class Judge(ABC):
 
     role: str = "external"
     model_name: str = ""
+    #: Requests the judge's backend serves at once (`Backend.max_in_flight`); above 1, `judge`
+    #: may be called from several threads at the same time (data_gen/flow.py).
+    max_in_flight: int = 1
 
     @abstractmethod
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]: ...
@@ -108,6 +111,10 @@ class BackendJudge(Judge):
         self.retry_temperature = retry_temperature
         self.guided_json = guided_json
         self.instructions = build_judge_instructions(criteria, mode, prompt)
+
+    @property
+    def max_in_flight(self) -> int:  # type: ignore[override]
+        return self.backend.max_in_flight
 
     @property
     def served_model(self) -> str | None:

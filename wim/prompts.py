@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +45,27 @@ class Prompt:
     """Chat messages, e.g. `({"role": "user", "content": "..."},)`; the last is the user turn."""
 
     @property
+    def length(self) -> int:
+        """Characters of all messages: the order prompts are batched in."""
+        return sum(len(m["content"]) for m in self.messages)
+
+    @property
     def text(self) -> str:
         """The last user message content (for display and reports)."""
         for message in reversed(self.messages):
             if message["role"] == "user":
                 return message["content"]
         return ""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRef:
+    """What batching needs of a prompt, without its text: a 100k-prompt source is batched from
+    these (tens of bytes each), its records read when their batch runs."""
+
+    id: str
+    length: int
+    """Characters of all messages, as `Prompt.length`."""
 
 
 def bundled_prompts_path() -> Path:
@@ -86,11 +101,21 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
 def read_rows(source: str, split: str = "train", limit: int | None = None,
               label: str = "Prompt", column: str | None = "prompt"
               ) -> tuple[list[tuple[str, Any]], str]:
+    """`iter_rows`, read into a list."""
+    rows, origin = iter_rows(source, split, limit, label, column)
+    return list(rows), origin
+
+
+def iter_rows(source: str, split: str = "train", limit: int | None = None,
+              label: str = "Prompt", column: str | None = "prompt"
+              ) -> tuple[Iterator[tuple[str, Any]], str]:
     """(location, record) pairs of a local .jsonl/.json/.csv/.parquet file, a folder written by
     `datasets`' `save_to_disk`, or a `datasets` hub name, plus the origin to name in errors
     ("Prompt file 'x.csv'"). `label` names what the rows are for (`Prompt`, `Response source`);
-    `column`, when given, must be a column of a table or dataset. A hub dataset is cut to
-    `limit` rows first because it may be large; files are read whole."""
+    `column`, when given, must be a column of a table or dataset. Rows are read as they are
+    consumed: JSON lines one by one, CSV in chunks, parquet by row groups, a hub dataset as a
+    streaming dataset (cut to `limit` rows; files are cut by whoever stops reading). A missing
+    file raises at once; a bad row raises when it is reached."""
     path = Path(source).expanduser()
     suffix = path.suffix.lower()
     if path.is_dir():
@@ -104,8 +129,10 @@ def read_rows(source: str, split: str = "train", limit: int | None = None,
             )
         if suffix in JSONL_SUFFIXES:
             rows = _read_jsonl(path, label)
-        elif suffix in TABLE_SUFFIXES:
-            rows = _read_table(path, label, column)
+        elif suffix == ".csv":
+            rows = _read_csv(path, label, column)
+        elif suffix == ".parquet":
+            rows = _read_parquet(path, label, column)
         else:
             raise PromptsError(
                 f"{label} file {str(path)!r} has an unsupported type {suffix or '(no suffix)'!r}. "
@@ -113,7 +140,8 @@ def read_rows(source: str, split: str = "train", limit: int | None = None,
                 "convert the file or rename it to match its contents."
             )
         return rows, f"{label} file {str(path)!r}"
-    return _read_hub(source, split, limit, label, column), f"Dataset {source!r} (split {split!r})"
+    rows = _read_hub(source, split, limit, label, column)
+    return rows, f"Dataset {source!r} (split {split!r})"
 
 
 _BUNDLED_HINT = ", or use 'bundled'"
@@ -123,9 +151,16 @@ def _key(label: str) -> str:
     return "prompts.source" if label == "Prompt" else "generation.source"
 
 
+def _what(label: str) -> str:
+    """`label` as the start of a message: 'Prompt source', 'Response source' (not '... source
+    source')."""
+    return label if label.endswith("source") else f"{label} source"
+
+
 def _read_saved(path: Path, split: str, label: str, column: str | None
-                ) -> list[tuple[str, Any]]:
-    """A folder written by `Dataset.save_to_disk` (a DatasetDict: its `split`)."""
+                ) -> Iterator[tuple[str, Any]]:
+    """A folder written by `Dataset.save_to_disk` (a DatasetDict: its `split`); memory-mapped,
+    read row by row."""
     import datasets  # slow to import; only dataset folders need it
 
     try:
@@ -148,95 +183,181 @@ def _read_saved(path: Path, split: str, label: str, column: str | None
             f"{label} folder {str(path)!r} has no {column!r} column (columns: "
             f"{', '.join(dataset.column_names)}). Rename the column, or name it in the config."
         )
-    return [(f"row {index} (counting from 0)", r) for index, r in enumerate(dataset)]
+    return ((f"row {index} (counting from 0)", r) for index, r in enumerate(dataset))
 
 
-def _read_jsonl(path: Path, label: str = "Prompt") -> list[tuple[str, Any]]:
-    """Parse JSON lines into (location, record) pairs; blank lines are skipped."""
+def _read_jsonl(path: Path, label: str = "Prompt") -> Iterator[tuple[str, Any]]:
+    """Parse JSON lines into (location, record) pairs, line by line; blank lines are skipped."""
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise PromptsError(
-            f"{label} file {str(path)!r} could not be read as UTF-8 text ({_one_line(e)}). "
-            "Save it as UTF-8 JSON lines, one object per line."
-        ) from e
-    rows: list[tuple[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptsError(
-                f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at column "
-                f"{e.colno}). Each non-blank line must be one JSON object"
-                f"{_array_hint(line)}; fix that line or remove it."
-            ) from e
-        rows.append((f"line {number}", record))
-    return rows
+        f = path.open(encoding="utf-8-sig")
+    except OSError as e:
+        raise PromptsError(f"{label} file {str(path)!r} could not be read ({_one_line(e)}).") from e
+    return _jsonl_rows(f, path, label)
 
 
-def _read_table(path: Path, label: str = "Prompt", column: str | None = "prompt"
-                ) -> list[tuple[str, Any]]:
-    """Read a CSV or parquet file into (location, record) pairs with pandas."""
+def _jsonl_rows(f, path: Path, label: str) -> Iterator[tuple[str, Any]]:
+    with f:
+        number = 0
+        while True:
+            try:
+                line = f.readline()
+            except UnicodeDecodeError as e:
+                raise PromptsError(
+                    f"{label} file {str(path)!r}, line {number + 1}: not UTF-8 text "
+                    f"({_one_line(e)}). Save it as UTF-8 JSON lines, one object per line."
+                ) from e
+            if not line:
+                return
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptsError(
+                    f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at "
+                    f"column {e.colno}). Each non-blank line must be one JSON object"
+                    f"{_array_hint(line)}; fix that line or remove it."
+                ) from e
+            yield f"line {number}", record
+
+
+def _missing_column(path: Path, label: str, column: str, columns) -> PromptsError:
+    return PromptsError(
+        f"{label} file {str(path)!r} has no {column!r} column (columns: "
+        f"{', '.join(map(str, columns)) or 'none'}). Rename the column that holds the "
+        f"prompts to {column!r}"
+        + ("; 'id' and 'domain' columns are optional." if label == "Prompt" else
+           ", or name your column in generation.source_columns.")
+    )
+
+
+def _unreadable(path: Path, label: str, column: str | None, e: BaseException) -> PromptsError:
+    kind = path.suffix.lower().lstrip(".")
+    return PromptsError(
+        f"{label} file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
+        f"Check that it is a valid {kind} file with a {column or 'prompt'!r} column."
+    )
+
+
+_CHUNK_ROWS = 1000
+
+
+def _read_csv(path: Path, label: str = "Prompt", column: str | None = "prompt"
+              ) -> Iterator[tuple[str, Any]]:
+    """A CSV file in chunks of rows, every cell as text (ids like "007" stay as written)."""
     import pandas as pd  # slow to import; only table sources need it
 
     try:
-        if path.suffix.lower() == ".csv":
-            # All cells as text, empty cells as "": ids like "007" stay as written.
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-        else:
-            frame = pd.read_parquet(path)
+        chunks = pd.read_csv(path, dtype=str, keep_default_na=False, chunksize=_CHUNK_ROWS)
     except pd.errors.EmptyDataError as e:
         raise PromptsError(
             f"{label} file {str(path)!r} is empty. Add a header with a {column or 'prompt'!r} "
             f"column and one row per prompt, or point {_key(label)} at another file."
         ) from e
-    except (ImportError, OSError, ValueError) as e:
-        kind = path.suffix.lower().lstrip(".")
-        raise PromptsError(
-            f"{label} file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
-            f"Check that it is a valid {kind} file with a {column or 'prompt'!r} column."
-        ) from e
-    if column is not None and column not in frame.columns:
-        raise PromptsError(
-            f"{label} file {str(path)!r} has no {column!r} column (columns: "
-            f"{', '.join(map(str, frame.columns)) or 'none'}). Rename the column that holds the "
-            f"prompts to {column!r}"
-            + ("; 'id' and 'domain' columns are optional." if label == "Prompt" else
-               ", or name your column in generation.source_columns.")
-        )
+    except (OSError, ValueError) as e:
+        raise _unreadable(path, label, column, e) from e
+    return _csv_rows(chunks, path, label, column)
+
+
+def _csv_rows(chunks, path: Path, label: str, column: str | None) -> Iterator[tuple[str, Any]]:
     # 0-based like the default ids; CSV line numbers would be wrong for quoted newlines.
-    note = (
-        "counting from 0, header excluded" if path.suffix.lower() == ".csv" else "counting from 0"
-    )
-    return [(f"row {i} ({note})", r) for i, r in enumerate(frame.to_dict("records"))]
+    index = 0
+    with chunks:
+        while True:
+            try:
+                frame = next(chunks)
+            except StopIteration:
+                return
+            except (OSError, ValueError) as e:
+                raise PromptsError(
+                    f"{label} file {str(path)!r}, after row {index - 1} (counting from 0, "
+                    f"header excluded): not valid CSV ({_one_line(e)}). Fix that row."
+                ) from e
+            if index == 0 and column is not None and column not in frame.columns:
+                raise _missing_column(path, label, column, frame.columns)
+            for record in frame.to_dict("records"):
+                yield f"row {index} (counting from 0, header excluded)", record
+                index += 1
+
+
+def _read_parquet(path: Path, label: str = "Prompt", column: str | None = "prompt"
+                  ) -> Iterator[tuple[str, Any]]:
+    """A parquet file row group by row group (pyarrow): lists arrive as lists, nulls as None."""
+    import pyarrow.parquet as pq  # slow to import; only parquet sources need it
+
+    try:
+        table = pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise _unreadable(path, label, column, e) from e
+    names = table.schema_arrow.names
+    if column is not None and column not in names:
+        raise _missing_column(path, label, column, names)
+    return _parquet_rows(table)
+
+
+def _parquet_rows(table) -> Iterator[tuple[str, Any]]:
+    index = 0
+    with table:
+        for batch in table.iter_batches(batch_size=_CHUNK_ROWS):
+            for record in batch.to_pylist():
+                yield f"row {index} (counting from 0)", record
+                index += 1
+
+
+def hub_offline_reason() -> str | None:
+    """Why the Hugging Face Hub cannot be reached, found within seconds (None: reachable, or
+    offline mode, where `datasets` reads its cache and fails fast by itself). `datasets`
+    would retry a dead network for about 23 seconds before saying so."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https"
+                                                                else 80)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as e:
+        return f"{host}:{port} cannot be reached ({_one_line(e)})"
+    return None
 
 
 def _read_hub(source: str, split: str, limit: int | None, label: str = "Prompt",
-              column: str | None = "prompt") -> list[tuple[str, Any]]:
-    """Load a `datasets` hub dataset into (location, record) pairs."""
+              column: str | None = "prompt") -> Iterator[tuple[str, Any]]:
+    """A `datasets` hub dataset, streamed (`streaming=True`): rows come as they are read."""
+    hint = ("Without network access, use a local .jsonl, .csv or .parquet file"
+            + (" with a 'prompt' column, or 'bundled'." if label == "Prompt" else
+               ", or a folder saved with `save_to_disk`."))
+    offline = hub_offline_reason()
+    if offline is not None:
+        raise PromptsError(
+            f"{_what(label)} {source!r} is not an existing file or folder, and the Hugging Face "
+            f"Hub is offline from here: {offline}. {hint}"
+        )
     try:
         import datasets  # slow to import; only hub sources need it
 
-        dataset = datasets.load_dataset(source, split=split)
+        dataset = datasets.load_dataset(source, split=split, streaming=True)
     except Exception as e:  # network, auth, unknown name or split: all end the same way
         raise PromptsError(
-            f"{label} source {source!r} is not an existing file, and it could not be loaded as "
+            f"{_what(label)} {source!r} is not an existing file, and it could not be loaded as "
             f"a Hugging Face dataset (split {split!r}): {type(e).__name__}: {_one_line(e)}. "
-            "Without network access, use a local .jsonl, .csv or .parquet file"
-            + (" with a 'prompt' column, or 'bundled'." if label == "Prompt" else
-               ", or a folder saved with `save_to_disk`.")
+            + hint
         ) from e
-    if column is not None and column not in dataset.column_names:
+    names = dataset.column_names
+    if column is not None and names is not None and column not in names:
         raise PromptsError(
             f"Dataset {source!r} (split {split!r}) has no {column!r} column (columns: "
-            f"{', '.join(dataset.column_names)}). Choose a dataset with a {column!r} column, or "
+            f"{', '.join(names)}). Choose a dataset with a {column!r} column, or "
             "export the rows to a local .jsonl file."
         )
     if limit is not None:
-        dataset = dataset.select(range(min(limit, len(dataset))))
-    return [(f"row {index} (counting from 0)", r) for index, r in enumerate(dataset)]
+        dataset = dataset.take(limit)
+    return ((f"row {index} (counting from 0)", r) for index, r in enumerate(dataset))
 
 
 def _build_prompts(rows: Iterable[tuple[str, Any]], origin: str) -> list[Prompt]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +103,159 @@ def read_keyed(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset, record) of each complete line, read line by line ([] if no file): the
+    streaming form of `read_records`, with the same torn-tail and corruption rules."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        offset, number = 0, 0
+        for line in f:
+            number += 1
+            start, offset = offset, offset + len(line)
+            if not line.endswith(b"\n"):
+                return  # a torn write that never finished
+            if not line.strip():
+                continue
+            try:
+                yield start, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RecordsError(
+                    f"{path}, line {number}: not valid JSON ({err.msg}). The file is corrupt; "
+                    "delete it (or the run directory) to rebuild this stage."
+                ) from None
+
+
+class KeySet:
+    """The (prompt_id, sample_idx) keys of a stage file, held as one bit mask per prompt: a
+    set of 400,000 key tuples would take ~60 MB, this a tenth of it."""
+
+    def __init__(self) -> None:
+        self._bits: dict[str, int] = {}
+        self.count = 0
+
+    def add(self, key: Key) -> bool:
+        """Add a key; False when it was already there."""
+        bits = self._bits.get(key[0], 0)
+        bit = 1 << key[1]
+        if bits & bit:
+            return False
+        self._bits[key[0]] = bits | bit
+        self.count += 1
+        return True
+
+    def __contains__(self, key: Key) -> bool:
+        return bool(self._bits.get(key[0], 0) >> key[1] & 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def iter_keyed(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`iter_records` for a keyed stage file; raise RecordsError on a record without a valid
+    key or a key that appears twice (as `read_keyed`, without holding the records)."""
+    seen = KeySet()
+    for number, (offset, record) in enumerate(iter_records(path), start=1):
+        try:
+            key = record_key(record)
+            if key[1] < 0:
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise RecordsError(
+                f"{path}, record {number}: no valid prompt_id/sample_idx key. The file was not "
+                "written by wim; delete it (or the run directory) to rebuild this stage."
+            ) from None
+        if not seen.add(key):
+            raise RecordsError(
+                f"{path}: key (prompt_id={key[0]!r}, sample_idx={key[1]}) appears twice (again "
+                f"at record {number}), so the file was written twice, e.g. by two processes at "
+                "once. Keep one line per key (or delete the file to rebuild this stage) and run "
+                "the command again."
+            )
+        yield offset, record
+
+
+def read_keys(path: str | Path) -> KeySet:
+    """The keys of a keyed stage file, checked as `iter_keyed` does."""
+    keys = KeySet()
+    for _, record in iter_keyed(path):
+        keys.add(record_key(record))
+    return keys
+
+
+class RecordIndex:
+    """Where each prompt's records are in a keyed JSONL file: {prompt_id: [sample_idx, offset,
+    ...]} in arrays, built in one streaming pass. Prompts keep the order of their first record;
+    `read` seeks to a prompt's records, so a stage holds offsets, not records (a prompt's
+    records need not be next to each other: a resumed run appends the rest later)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._where: dict[str, array] = {}
+        self.count = 0
+        for offset, record in iter_keyed(self.path):
+            pid, idx = record_key(record)
+            self._where.setdefault(pid, array("q")).extend((idx, offset))
+            self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self._where
+
+    def prompt_ids(self) -> list[str]:
+        return list(self._where)
+
+    def sample_count(self, prompt_id: str) -> int:
+        return len(self._where.get(prompt_id, ())) // 2
+
+    def read(self, prompt_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The records of these prompts, prompt by prompt, each prompt's by sample_idx."""
+        out: list[dict[str, Any]] = []
+        with self.path.open("rb") as f:
+            for pid in prompt_ids:
+                where = self._where.get(pid)
+                if where is None:
+                    continue
+                for _idx, offset in sorted(zip(where[::2], where[1::2], strict=True)):
+                    f.seek(offset)
+                    out.append(json.loads(f.readline()))
+        return out
+
+    def groups(self, batch: int = 256) -> Iterator[list[dict[str, Any]]]:
+        """Each prompt's records (by sample_idx), prompts in the order of their first record."""
+        ids = self.prompt_ids()
+        for start in range(0, len(ids), batch):
+            records = self.read(ids[start:start + batch])
+            group: list[dict[str, Any]] = []
+            for record in records:
+                if group and str(record["prompt_id"]) != str(group[0]["prompt_id"]):
+                    yield group
+                    group = []
+                group.append(record)
+            if group:
+                yield group
+
+
 def _cut_torn_tail(path: Path) -> None:
+    """Cut what follows the last newline, reading only the file's tail."""
     with path.open("rb+") as f:
-        data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end != len(data):
+        size = f.seek(0, os.SEEK_END)
+        pos = size
+        while pos > 0:
+            step = min(1 << 16, pos)
+            f.seek(pos - step)
+            block = f.read(step)
+            at = block.rfind(b"\n")
+            if at >= 0:
+                end = pos - step + at + 1
+                break
+            pos -= step
+        else:
+            end = 0
+        if end != size:
             f.truncate(end)
 
 

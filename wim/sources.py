@@ -21,12 +21,13 @@ import hashlib
 import json
 import logging
 import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wim.errors import WimError
-from wim.prompts import Prompt, _build_prompts, _is_missing, read_rows
+from wim.prompts import Prompt, PromptRef, _is_missing, _to_prompt, hub_offline_reason, iter_rows
 
 logger = logging.getLogger(__name__)
 
@@ -72,43 +73,96 @@ class SourceSet:
     rows: int
 
 
+class Source:
+    """A response source read as a stream: iterating reads the rows again, one at a time, and
+    yields the prompts with two or more responses, the first `limit` of them (reading stops
+    there). Each row is checked as it is read, so a bad row raises `SourceError` naming the
+    file, the row and the column when it is reached; what a stage wrote before stays written.
+    After a complete pass, `shape`, `rows` (rows read), `too_few` (ids of prompts with fewer
+    than two responses) and `kept` (prompts yielded) describe it."""
+
+    def __init__(self, source: str, split: str = "train", shape: str = "auto",
+                 columns: dict[str, str] | None = None, limit: int | None = None) -> None:
+        self.source, self.split, self.limit = source, split, limit
+        self.requested_shape, self.columns = shape, dict(columns or {})
+        self.shape = shape
+        self.rows = 0
+        self.too_few: list[str] = []
+        self.kept = 0
+        self.complete = False
+        self.refs: list[PromptRef] = []
+        """The kept prompts' ids and lengths, in source order (complete after a full pass)."""
+
+    def check(self) -> None:
+        """Read the first row only: a missing file, an unreadable format or an unknown shape
+        fails here, before anything is written."""
+        for _ in self._prompts(first_only=True):
+            break
+
+    def __iter__(self) -> Iterator[SourcedPrompt]:
+        return self._prompts()
+
+    def _prompts(self, first_only: bool = False) -> Iterator[SourcedPrompt]:
+        rows, origin = iter_rows(self.source, self.split, None, label=LABEL, column=None)
+        names = {**_DEFAULTS, **self.columns}
+        csv = Path(self.source).suffix.lower() == ".csv"
+        seen: dict[str, str] = {}
+        self.rows, self.kept, self.too_few, self.complete = 0, 0, [], False
+        self.refs = []
+        shape = None
+        for index, (where, record) in enumerate(rows):
+            here = f"{origin}, {where}"
+            if not isinstance(record, dict):
+                raise SourceError(f"{here}: expected an object (one prompt with its responses), "
+                                  f"got {type(record).__name__}.")
+            if shape is None:
+                if ("prompt" not in self.columns and "prompt" not in record
+                        and "instruction" in record):
+                    names["prompt"] = "instruction"  # UltraFeedback's own column name
+                shape = self.shape = _pick_shape(self.requested_shape, record, names, origin)
+            self.rows += 1
+            if _is_missing(record.get(names["prompt"])):
+                raise SourceError(f"{here}: missing {names['prompt']!r}. "
+                                  f"{_expected(shape, names)}")
+            prompt = _to_prompt({"prompt": record[names["prompt"]], "id": record.get(names["id"]),
+                                 "domain": record.get(names["domain"])}, index, here)
+            if prompt.id in seen:
+                raise SourceError(
+                    f"{origin}: duplicate id {prompt.id!r} at {seen[prompt.id]} and {where}. Ids "
+                    "must be unique because results are keyed by them; rename one or drop the "
+                    "id column everywhere to number the prompts by row.")
+            seen[prompt.id] = where
+            responses = _responses(record, shape, names, here, csv)
+            if len(responses) < 2:
+                self.too_few.append(prompt.id)
+            else:
+                self.kept += 1
+                self.refs.append(PromptRef(prompt.id, prompt.length))
+                yield SourcedPrompt(prompt, responses)
+            if first_only or (self.limit is not None and self.kept >= self.limit):
+                break
+        if first_only:
+            return
+        if self.rows == 0:
+            raise SourceError(f"{origin} holds no rows. Add one row per prompt with its "
+                              "responses.")
+        if self.too_few:
+            logger.warning("%d prompts of %s have fewer than two responses and are skipped",
+                           len(self.too_few), self.source)
+        if not self.kept:
+            raise SourceError(f"{origin}: no prompt has two or more responses, so no pair can "
+                              f"be built. {_expected(shape or 'responses', names)}")
+        self.complete = True
+
+
 def load_source(source: str, split: str = "train", shape: str = "auto",
                 columns: dict[str, str] | None = None, limit: int | None = None) -> SourceSet:
-    """Read every row of `source` (all rows are checked), keep the first `limit` prompts."""
-    rows, origin = read_rows(source, split, None, label=LABEL, column=None)
-    if not rows:
-        raise SourceError(f"{origin} holds no rows. Add one row per prompt with its responses.")
-    names = {**_DEFAULTS, **(columns or {})}
-    first = rows[0][1]
-    if not isinstance(first, dict):
-        raise SourceError(f"{origin}, {rows[0][0]}: expected an object (one prompt with its "
-                          f"responses), got {type(first).__name__}.")
-    if "prompt" not in (columns or {}) and "prompt" not in first and "instruction" in first:
-        names["prompt"] = "instruction"  # UltraFeedback's own column name
-    shape = _pick_shape(shape, first, names, origin)
-    prompt_rows, responses = [], []
-    for where, record in rows:
-        here = f"{origin}, {where}"
-        if not isinstance(record, dict):
-            raise SourceError(f"{here}: expected an object, got {type(record).__name__}. "
-                              f"{_expected(shape, names)}")
-        if _is_missing(record.get(names["prompt"])):
-            raise SourceError(f"{here}: missing {names['prompt']!r}. {_expected(shape, names)}")
-        prompt_rows.append((where, {"prompt": record[names["prompt"]],
-                                    "id": record.get(names["id"]),
-                                    "domain": record.get(names["domain"])}))
-        responses.append(_responses(record, shape, names, here))
-    prompts = _build_prompts(prompt_rows, origin)
-    kept = [SourcedPrompt(p, r) for p, r in zip(prompts, responses, strict=True) if len(r) >= 2]
-    too_few = [p.id for p, r in zip(prompts, responses, strict=True) if len(r) < 2]
-    if too_few:
-        logger.warning("%d prompts of %s have fewer than two responses and are skipped",
-                       len(too_few), source)
-    kept = kept[:limit] if limit is not None else kept
-    if not kept:
-        raise SourceError(f"{origin}: no prompt has two or more responses, so no pair can be "
-                          f"built. {_expected(shape, names)}")
-    return SourceSet(prompts=kept, too_few=too_few, shape=shape, rows=len(rows))
+    """Read the rows of `source` into memory, up to the first `limit` prompts with two or more
+    responses (small sources and tests; the stages stream a `Source`)."""
+    reader = Source(source, split, shape, columns, limit)
+    prompts = list(reader)
+    return SourceSet(prompts=prompts, too_few=reader.too_few, shape=reader.shape,
+                     rows=reader.rows)
 
 
 def _pick_shape(shape: str, first: dict, names: dict[str, str], origin: str) -> str:
@@ -140,11 +194,12 @@ def _expected(shape: str, n: dict[str, str]) -> str:
             f"objects with {n['response']!r} and optionally {n['model']!r}.")
 
 
-def _as_list(value: Any) -> Any:
-    """Parquet lists arrive as numpy arrays; a CSV cell can only hold a list as JSON text."""
+def _as_list(value: Any, csv: bool) -> Any:
+    """Parquet lists may arrive as numpy arrays; a CSV cell can only hold a list as JSON text.
+    Anywhere else a string is a string, whatever it starts with."""
     if hasattr(value, "tolist"):
         value = value.tolist()
-    if isinstance(value, str) and value.lstrip().startswith("["):
+    if csv and isinstance(value, str) and value.lstrip().startswith("["):
         try:
             return json.loads(value)
         except ValueError:
@@ -152,18 +207,34 @@ def _as_list(value: Any) -> Any:
     return value
 
 
-def _responses(record: dict, shape: str, n: dict[str, str], where: str
+def _side(value: Any, csv: bool) -> Any:
+    """A preference side: a string is the response, unless a CSV cell holds a chat list as
+    JSON (`"[1, 2, 3]"` stays the string it is)."""
+    parsed = _as_list(value, csv)
+    if isinstance(value, str) and not (isinstance(parsed, list) and parsed
+                                       and all(isinstance(m, dict) and "role" in m
+                                               for m in parsed)):
+        return value
+    return parsed
+
+
+def _responses(record: dict, shape: str, n: dict[str, str], where: str, csv: bool = False
                ) -> tuple[SourcedResponse, ...]:
     if shape == "preference":
         out = []
         for side in ("chosen", "rejected"):
-            text = _text(_as_list(record.get(n[side])), f"{where}, {n[side]!r}", shape, n)
+            if n[side] not in record:
+                raise SourceError(f"{where}: no {n[side]!r} column. {_expected(shape, n)}")
+            text = _text(_side(record[n[side]], csv), f"{where}, {n[side]!r}", shape, n)
             out.append(SourcedResponse(text, origin="", label=side))
         return tuple(out)
     key = n["completions"] if shape == "ultrafeedback" else n["responses"]
-    items = _as_list(record.get(key))
-    if _is_missing(items):
-        items = []
+    if key not in record or _is_missing(record[key]):
+        what = "no" if key not in record else "an empty (null)"
+        raise SourceError(f"{where}: {what} {key!r} column; a row without responses is an "
+                          f"error, not a prompt with too few (an empty list is that). "
+                          f"{_expected(shape, n)}")
+    items = _as_list(record[key], csv)
     if not isinstance(items, list):
         raise SourceError(f"{where}: {key!r} is a {type(items).__name__}, not a list. "
                           f"{_expected(shape, n)}")
@@ -210,8 +281,8 @@ def _rating(value: Any, where: str, key: str) -> float | None:
 
 
 def source_sha256(source: str, split: str = "train") -> str:
-    """sha256 of the source's content: a file's bytes, a saved folder's files (names and bytes),
-    or for a `datasets` name, the fingerprint `datasets` computes for that split."""
+    """sha256 of the source's content: a file's bytes (streamed), a saved folder's files (names
+    and bytes), or for a `datasets` name, the commit sha of its Hub repository."""
     path = Path(source).expanduser()
     digest = hashlib.sha256()
     if path.is_file():
@@ -227,15 +298,25 @@ def source_sha256(source: str, split: str = "train") -> str:
             digest.update(str(file.relative_to(path)).encode() + b"\0")
             _add_file(digest, file)
     else:
-        try:
-            import datasets
-
-            fingerprint = datasets.load_dataset(source, split=split)._fingerprint
-        except Exception as e:  # the loader raises the clear error when the stage runs
-            raise SourceError(f"generation.source {source!r} is not a file or folder, and it "
-                              f"could not be loaded as a dataset ({type(e).__name__}: {e}).") from e
-        digest.update(f"{source}:{split}:{fingerprint}".encode())
+        digest.update(f"{source}:{split}:{_hub_revision(source)}".encode())
     return digest.hexdigest()
+
+
+def _hub_revision(source: str) -> str:
+    """The commit sha of a hub dataset's repository: its own fingerprint, asked in one call
+    instead of loading the rows (the stage streams them)."""
+    offline = hub_offline_reason()
+    if offline is not None:
+        raise SourceError(f"{LABEL} {source!r} is not a file or folder, and the Hugging Face Hub "
+                          f"is offline from here: {offline}.")
+    try:
+        from huggingface_hub import HfApi
+
+        sha = HfApi().dataset_info(source, timeout=10).sha
+    except Exception as e:  # the loader raises the clear error when the stage runs
+        raise SourceError(f"generation.source {source!r} is not a file or folder, and it "
+                          f"could not be found as a Hub dataset ({type(e).__name__}: {e}).") from e
+    return str(sha)
 
 
 def _add_file(digest, path: Path) -> None:

@@ -78,12 +78,82 @@ def test_saved_dataset_folder(tmp_path: Path) -> None:
     assert [r.text for r in source.prompts[0].responses] == ["x", "y"]
 
 
-def test_limit_keeps_the_first_prompts_but_checks_every_row(tmp_path: Path) -> None:
+def test_limit_stops_the_reading(tmp_path: Path) -> None:
+    # prompts.limit stops reading the source: a bad row after the limit is never reached,
+    # and one before it still fails with its line.
     rows = _uf_rows(3) + [{"instruction": "Bad?", "completions": "not a list"}]
     path = _jsonl(tmp_path / "uf.jsonl", rows)
+    source = load_source(str(path), limit=2)
+    assert len(source.prompts) == 2 and source.rows == 2
     with pytest.raises(WimError, match=r"line 4: 'completions' is a str, not a list"):
-        load_source(str(path), limit=1)
-    assert len(load_source(str(_jsonl(tmp_path / "ok.jsonl", _uf_rows(3))), limit=2).prompts) == 2
+        load_source(str(path), limit=4)
+
+
+def test_parquet_is_read_by_row_groups_and_csv_by_chunks(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wim import prompts
+
+    rows = _uf_rows(2500)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "uf.parquet", row_group_size=1000)
+    source = load_source(str(tmp_path / "uf.parquet"))
+    assert source.rows == 2500 and source.prompts[2499].prompt.text == "Question 2499?"
+    # A generator, not a list: the reader hands out rows as they are asked for.
+    reader, _ = prompts.iter_rows(str(tmp_path / "uf.parquet"), label="Response source",
+                                  column=None)
+    assert next(reader)[0] == "row 0 (counting from 0)" and not isinstance(reader, list)
+
+
+def test_a_row_without_the_responses_column_is_an_error(tmp_path: Path) -> None:
+    rows = [{"prompt": "A?", "responses": ["x", "y"]}, {"prompt": "B?"}]
+    with pytest.raises(WimError, match=r"r\.jsonl', line 2: no 'responses' column"):
+        load_source(str(_jsonl(tmp_path / "r.jsonl", rows)))
+    path = tmp_path / "r.parquet"
+    pd.DataFrame([{"prompt": "A?", "responses": ["x", "y"]},
+                  {"prompt": "B?", "responses": None}]).to_parquet(path)
+    with pytest.raises(WimError, match=r"r\.parquet', row 1 \(counting from 0\): an empty "
+                                       r"\(null\) 'responses' column"):
+        load_source(str(path))
+    # An empty list is a prompt with too few responses, counted and left out.
+    rows = [{"prompt": "A?", "responses": ["x", "y"]}, {"prompt": "B?", "responses": []}]
+    assert load_source(str(_jsonl(tmp_path / "e.jsonl", rows))).too_few == ["00001"]
+
+
+def test_a_string_response_that_starts_with_a_bracket_is_a_response(tmp_path: Path) -> None:
+    rows = [{"prompt": "List three numbers.", "chosen": "[1, 2, 3]", "rejected": "one two"}]
+    [sp] = load_source(str(_jsonl(tmp_path / "p.jsonl", rows))).prompts
+    assert [r.text for r in sp.responses] == ["[1, 2, 3]", "one two"]
+    rows = [{"prompt": "Q?", "responses": ["[1, 2, 3]", "[not json"]}]
+    path = tmp_path / "r.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    [sp] = load_source(str(path)).prompts
+    assert [r.text for r in sp.responses] == ["[1, 2, 3]", "[not json"]
+    # In a CSV cell a list can only be JSON text, and a chat list is one; "[1, 2, 3]" stays text.
+    path = tmp_path / "p.csv"
+    pd.DataFrame({"prompt": ["Q?"], "chosen": ["[1, 2, 3]"],
+                  "rejected": [json.dumps([{"role": "assistant", "content": "no"}])]}
+                 ).to_csv(path, index=False)
+    [sp] = load_source(str(path)).prompts
+    assert [r.text for r in sp.responses] == ["[1, 2, 3]", "no"]
+
+
+def test_a_hub_name_offline_fails_within_seconds_and_says_so(tmp_path: Path, monkeypatch
+                                                            ) -> None:
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    start = time.monotonic()
+    with pytest.raises(WimError) as err:
+        load_source("someone/some-dataset")
+    assert time.monotonic() - start < 5
+    message = str(err.value)
+    assert "offline" in message and "127.0.0.1:9" in message
+    assert "source source" not in message and message.startswith("Response source")
+    with pytest.raises(WimError, match="offline"):
+        source_sha256("someone/some-dataset")
 
 
 @pytest.mark.parametrize(("row", "message"), [
