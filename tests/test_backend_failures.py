@@ -32,8 +32,11 @@ def _stats(out: Path, stage: str) -> dict:
 
 def test_a_server_down_for_part_of_the_run(flaky_server, tmp_path: Path) -> None:
     out = tmp_path / "run"
+    # One request at a time, so that "the first requests" the server answers are batch 0's
+    # (with more in flight, the stages run later batches at the same time).
     cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
-           *sets([*http_overrides(flaky_server.url), f"prompts.source={_prompts(tmp_path)}"])]
+           *sets([*http_overrides(flaky_server.url), f"prompts.source={_prompts(tmp_path)}",
+                  "http.concurrency=1"])]
     # 1. The server answers the first generation batch (2 prompts x 2 samples), then is down.
     flaky_server.generate_up = 4
     first = run_wim(cmd, check=False)
