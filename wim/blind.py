@@ -10,6 +10,17 @@ the judge, the scores or the config, so the training signal cannot game it.
   Two identical answers are a tie without a call (both orders would be the same prompt).
 - `pointwise`: one 1-10 score per answer, mapped to [0, 1].
 
+Weighted verdicts (`verdict="weighted"`, the default; AlpacaEval's weighted annotators read the
+verdict token's probability the same way): each order also gives the evaluator's probabilities
+of A, B and tie at the verdict position, read from `Completion.top_logprobs`
+(`verdict_probabilities`). On the transformers backend they are the guided step's distribution
+over the allowed verdict tokens; on an OpenAI-compatible server (asked for JSON with a
+`verdict` enum, so the server's guided decoding restricts that position the same way) they are
+the `top_logprobs` of the verdict token. Per prompt the preference for a is
+p = (P_ab(a better) + P_ba(a better)) / 2, a tie's probability split in half, so position bias
+cancels by construction. An order without probabilities (a server that returns none) counts
+its hard verdict as probability 1 (source `hard`), and the caller counts and reports those.
+
 A verdict whose reason copies a placeholder of the template ("<one short sentence>") is a
 failed parse too, as an echoed rubric is for the judge: the model filled in the format, not an
 opinion. A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries`
@@ -24,6 +35,7 @@ guided decoding (wim/backends/guided.py): the model's most likely valid choice, 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import types
 from dataclasses import dataclass
@@ -38,6 +50,9 @@ REASON_PREFILL = "Reason:"
 VERDICT_LABEL = "Verdict:"
 SCORE_LABEL = "Score:"
 MODES = ("pairwise", "pointwise")
+VERDICTS = ("weighted", "hard")
+TOP_LOGPROBS = 8
+"""Most likely tokens asked for per position (vLLM's default cap is 20)."""
 EMPTY_ANSWER = "(empty answer)"
 
 # The last "Verdict" label counts (a model that restates the format writes "Verdict: <A if ...>"
@@ -67,6 +82,41 @@ class PairVerdict:
     order a/b first, then b/a. Kept for the position-bias check (order agreement)."""
     identical: bool = False
     """The two answers were the same text: a tie without asking."""
+    probs: tuple[dict | None, dict | None] = (None, None)
+    """Each order's probabilities of its verdicts {"A", "B", "tie"} (as shown in that order:
+    in order b/a, "A" is answer b); None: no probabilities (hard verdict, or failed)."""
+
+    @property
+    def sources(self) -> tuple[str, str] | None:
+        """Per order where its preference came from: `probabilities` or `hard` (none given);
+        both `identical` for identical answers; None when the verdict failed."""
+        if self.identical:
+            return ("identical", "identical")
+        if self.winner is None:
+            return None
+        return tuple("probabilities" if p else "hard" for p in self.probs)  # type: ignore
+
+    @property
+    def order_preferences(self) -> tuple[float, float] | None:
+        """P(a better) in order a/b and in order b/a (a tie's mass split in half); a hard
+        verdict counts as probability 1. None when the verdict failed."""
+        if self.identical:
+            return (0.5, 0.5)
+        if self.winner is None:
+            return None
+        out = []
+        for shown_a, probs, order in zip(("A", "B"), self.probs, self.orders, strict=True):
+            if probs is None:
+                probs = {{"a": shown_a, "b": "B" if shown_a == "A" else "A"}.get(order, "tie"):
+                         1.0}
+            out.append(probs.get(shown_a, 0.0) + 0.5 * probs.get("tie", 0.0))
+        return (out[0], out[1])
+
+    @property
+    def preference(self) -> float | None:
+        """p = (P_ab(a better) + P_ba(a better)) / 2; None when the verdict failed."""
+        both = self.order_preferences
+        return None if both is None else (both[0] + both[1]) / 2
 
     @property
     def tie_kind(self) -> str | None:
@@ -160,6 +210,54 @@ def parse_score(text: str) -> tuple[int | None, str | None]:
     return int(value), None
 
 
+def _choice_of(token: str) -> str | None:
+    """The verdict a token starts: "A" or "B" (capitals), "tie" for any non-empty prefix of it
+    ("t", "ti", "tie"); spaces and JSON quotes around it do not count. None for other tokens."""
+    core = token.strip().strip('"').strip()
+    if core in ("A", "B"):
+        return core
+    if core and "tie".startswith(core.lower()):
+        return "tie"
+    return None
+
+
+def verdict_probabilities(top_logprobs, verdict: str | None) -> dict[str, float] | None:
+    """{"A", "B", "tie"} -> probability at the verdict position, normalized over the three;
+    None when there is no such position. The verdict position is the last generated one whose
+    most likely token starts the parsed `verdict` (the verdict comes last in both formats);
+    the probability of a choice sums every listed token that starts it ("t", "ti" and "tie"
+    are all a tie). Other tokens at that position (" C", punctuation) are left out."""
+    if verdict is None:
+        return None
+    for position in reversed(top_logprobs or ()):
+        if not position:
+            continue
+        best = max(position, key=position.get)
+        if _choice_of(best) != verdict:
+            continue
+        mass = {"A": 0.0, "B": 0.0, "tie": 0.0}
+        for token, logprob in position.items():
+            choice = _choice_of(token)
+            if choice is not None and math.isfinite(logprob):
+                mass[choice] += math.exp(logprob)
+        total = sum(mass.values())
+        return {k: v / total for k, v in mass.items()} if total > 0 else None
+    return None
+
+
+def verdict_schema(max_new_tokens: int) -> dict:
+    """The JSON a server is asked for in weighted mode: a reason of bounded length, then the
+    verdict as an enum, so the server's guided decoding restricts the verdict position to the
+    three choices and its `top_logprobs` there are their distribution."""
+    from wim.judge_prompts import critique_max_chars
+
+    return {"type": "object",
+            "properties": {"reason": {"type": "string",
+                                      "maxLength": critique_max_chars(max_new_tokens)},
+                           "verdict": {"type": "string", "enum": ["A", "B", "tie"]}},
+            "required": ["reason", "verdict"], "additionalProperties": False}
+
+
 def order_verdicts(first: str | None, second: str | None) -> tuple[str | None, str | None]:
     """Verdict `first` (a shown as A) and `second` (b shown as A) in terms of a and b."""
     return ({"A": "a", "B": "b", "tie": "tie"}.get(first),  # type: ignore[arg-type]
@@ -177,7 +275,11 @@ class BlindEvaluator:
     """Judges answers by question and answer only (see the module docstring)."""
 
     def __init__(self, backend: Backend, *, max_retries: int = 2, max_new_tokens: int = 48,
-                 seed: int = 0, retry_temperature: float = 0.7, model_name: str = "") -> None:
+                 seed: int = 0, retry_temperature: float = 0.7, model_name: str = "",
+                 verdict: str = "weighted") -> None:
+        if verdict not in VERDICTS:
+            raise ValueError(f"blind verdict must be one of {VERDICTS}, got {verdict!r}")
+        self.verdict = verdict
         self.backend = backend
         self.max_retries = max_retries
         self.max_new_tokens = max_new_tokens
@@ -202,13 +304,15 @@ class BlindEvaluator:
             if i not in slot:
                 out.append(PairVerdict("tie", None, [], 0, identical=True))
                 continue
-            (v1, f1, raw1, t1), (v2, f2, raw2, t2) = results[slot[i]], results[n + slot[i]]
+            (v1, f1, raw1, t1, p1), (v2, f2, raw2, t2, p2) = (results[slot[i]],
+                                                              results[n + slot[i]])
             failure = None
             if f1 or f2:
                 failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)
             winner = None if failure else combine_orders(v1, v2)
             out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2,
-                                   orders=order_verdicts(v1, v2)))
+                                   orders=order_verdicts(v1, v2),
+                                   probs=(None, None) if failure else (p1, p2)))
         return out
 
     def pointwise(self, questions: list[str], answers: list[str]) -> list[PointVerdict]:
@@ -217,12 +321,14 @@ class BlindEvaluator:
             raise ValueError("pointwise needs one answer per question")
         convs = [build_point_messages(q, a) for q, a in zip(questions, answers, strict=True)]
         return [PointVerdict(None if f else (v - 1) / 9, f, raw, t)
-                for v, f, raw, t in self._ask_all(convs, SCORE_LABEL, parse_score)]
+                for v, f, raw, t, _ in self._ask_all(convs, SCORE_LABEL, parse_score)]
 
     def _ask_all(self, convs, label: str, parse):
-        """Per conversation: (value, failure, raw texts, tokens), with retries of parse
-        failures. A backend failure is final here (the backend has its own retries)."""
+        """Per conversation: (value, failure, raw texts, tokens, verdict probabilities or
+        None), with retries of parse failures. A backend failure is final here (the backend
+        has its own retries)."""
         values: list = [None] * len(convs)
+        probs: list = [None] * len(convs)
         failures: list[str | None] = [None] * len(convs)
         raws: list[list[str]] = [[] for _ in convs]
         tokens = [0] * len(convs)
@@ -233,7 +339,7 @@ class BlindEvaluator:
             outs = self._ask([convs[i] for i in todo], label, temperature,
                              self.seed + 7919 * attempt)
             again = []
-            for i, (text, error, spent) in zip(todo, outs, strict=True):
+            for i, (text, error, spent, top) in zip(todo, outs, strict=True):
                 raws[i].append(text)
                 tokens[i] += spent
                 if error is not None:
@@ -242,35 +348,53 @@ class BlindEvaluator:
                 values[i], failures[i] = parse(text)
                 if failures[i] is not None:
                     again.append(i)
+                elif self._weighted(label):
+                    probs[i] = verdict_probabilities(top, values[i])
             todo = again
             if not todo:
                 break
         for i in todo:
             failures[i] = f"{failures[i]} (after {self.max_retries + 1} attempts)"
-        return list(zip(values, failures, raws, tokens, strict=True))
+        return list(zip(values, failures, raws, tokens, probs, strict=True))
+
+    def _weighted(self, label: str) -> bool:
+        return self.verdict == "weighted" and label == VERDICT_LABEL
 
     def _ask(self, convs, label: str, temperature: float, seed: int):
-        """(text, backend error or None, tokens) per conversation, one completion each."""
+        """(text, backend error or None, tokens, top_logprobs of the value) per conversation,
+        one completion each."""
         if not convs:
             return []
         b = self.backend
+        top = TOP_LOGPROBS if self._weighted(label) else 0
         if b.supports_prefill and b.supports_guide:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label,
-                                    guide_choices=_CHOICES[label])
+                                    guide_choices=_CHOICES[label], top_logprobs=top)
             outs = self._generate(convs, params, seed, REASON_PREFILL)
-            return [(REASON_PREFILL + o.text, _error(o), _tokens(o)) for o in outs]
+            return [(REASON_PREFILL + o.text, _error(o), _tokens(o), o.top_logprobs)
+                    for o in outs]
         if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
             reason = SamplingParams(self.max_new_tokens, temperature, 1.0,
                                     stop=(label.rstrip(":"),))
             first = self._generate(convs, reason, seed, REASON_PREFILL)
             heads = [REASON_PREFILL + o.text.rstrip() + "\n" + label for o in first]
-            value = SamplingParams(4, temperature, 1.0, stop=("\n",))
+            value = SamplingParams(4, temperature, 1.0, stop=("\n",), top_logprobs=top)
             second = self._generate(convs, value, seed, heads)
-            return [(h + o2.text, _error(o1) or _error(o2), _tokens(o1) + _tokens(o2))
-                    for h, o1, o2 in zip(heads, first, second, strict=True)]
-        params = SamplingParams(self.max_new_tokens, temperature, 1.0)
+            return [(h + o2.text, _error(o1) or _error(o2), _tokens(o1) + _tokens(o2),
+                     o2.top_logprobs) for h, o1, o2 in zip(heads, first, second, strict=True)]
+        if top and b.supports_json_schema:
+            # JSON with a verdict enum: the server's guided decoding restricts the verdict
+            # position to A, B and tie, so its top_logprobs there are their distribution.
+            from wim.judge_prompts import JSON_OVERHEAD_TOKENS, critique_max_chars
+
+            limit = max(self.max_new_tokens,
+                        critique_max_chars(self.max_new_tokens) + JSON_OVERHEAD_TOKENS)
+            params = SamplingParams(limit, temperature, 1.0, top_logprobs=top,
+                                    json_schema=verdict_schema(self.max_new_tokens))
+        else:
+            params = SamplingParams(self.max_new_tokens, temperature, 1.0, top_logprobs=top)
         outs = self._generate(convs, params, seed, None)
-        return [(o.text, _error(o), _tokens(o)) for o in outs]
+        return [(o.text, _error(o), _tokens(o), o.top_logprobs) for o in outs]
 
     def _generate(self, convs, params, seed: int, prefill) -> list[Completion]:
         return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
@@ -297,4 +421,5 @@ def open_blind_evaluator(section, batch_size: int = 8) -> BlindEvaluator:
                            batch_size=section.batch_size or batch_size, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,
-                          retry_temperature=section.retry_temperature, model_name=model)
+                          retry_temperature=section.retry_temperature, model_name=model,
+                          verdict=section.verdict)

@@ -11,7 +11,9 @@ written in digits; which number is the model's choice, and the parser still chec
 
 With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings
 (a token trie): the model's most likely valid choice is taken, the rest of the vocabulary is
-masked.
+masked. With `record=True` each row also keeps that step's distribution: the log-softmax of the
+model's logits over the allowed first tokens of the choices (`_Row.value_top`, at generated
+position `_Row.value_position`), which the backend returns as `Completion.top_logprobs`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class _Row:
     count: int = 0  # tokens written in the current phase
     seen_text: bool = False
     value: list[int] = field(default_factory=list)  # tokens of the value (phase 2)
+    value_top: dict[str, float] = field(default_factory=dict)  # with `record`: see above
+    value_position: int = -1
 
 
 class FormatGuide(LogitsProcessor):
@@ -36,8 +40,11 @@ class FormatGuide(LogitsProcessor):
 
     def __init__(self, tokenizer, prompt_len: int, batch: int, label: str = "Rating:",
                  max_critique_tokens: int = 40, max_value_tokens: int = 3,
-                 choices: tuple[str, ...] = (), end_ids: list[int] | None = None) -> None:
+                 choices: tuple[str, ...] = (), end_ids: list[int] | None = None,
+                 record: bool = False) -> None:
         self.prompt_len = prompt_len
+        self.tokenizer = tokenizer
+        self.record = record
         self.label_ids = tokenizer.encode(label, add_special_tokens=False)
         self.newline_label_ids = tokenizer.encode("\n" + label, add_special_tokens=False)
         self.max_critique_tokens = max_critique_tokens
@@ -54,6 +61,7 @@ class FormatGuide(LogitsProcessor):
         ends = [*self.newline_list, *self.end_ids]
         self.digit_or_end = sorted({*self.digit_list, *ends})
         self.rows = [_Row() for _ in range(batch)]
+        self.every_row = list(self.rows)  # in batch order; `rows` loses finished ones
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
                         for c in choices for prefix in ("", " ")]
         if self.choices:
@@ -121,6 +129,11 @@ class FormatGuide(LogitsProcessor):
                 kept = scores[i, allowed].clone()
                 if torch.isinf(kept).all():  # a filter before us masked them all
                     kept.zero_()
+                if self.record and self.choices and row.count == 0:
+                    logp = torch.log_softmax(kept.float(), dim=-1).tolist()
+                    row.value_top = {self.tokenizer.decode([t]): lp
+                                     for t, lp in zip(allowed, logp, strict=True)}
+                    row.value_position = generated
                 scores[i, :] = float("-inf")
                 scores[i, allowed] = kept
             elif row.phase == 0:

@@ -215,14 +215,15 @@ class TransformersBackend(Backend):
 
         input_ids, attention_mask, cache = inputs
         rows = input_ids.shape[0]
-        processors, criteria = [], []
+        processors, criteria, guide = [], [], None
         if params.guide_label:
             from wim.backends.guided import FormatGuide
 
             guide = FormatGuide(self.tokenizer, input_ids.shape[1], rows * n,
                                 label=params.guide_label, end_ids=self.end_ids(),
                                 max_critique_tokens=max(1, params.max_new_tokens - 6),
-                                choices=params.guide_choices)
+                                choices=params.guide_choices,
+                                record=bool(params.top_logprobs and params.guide_choices))
             processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context(), decoding_attention(self.model):
             if self._use_loop():  # finished rows leave the batch
@@ -239,7 +240,9 @@ class TransformersBackend(Backend):
                 count = _count_generated(ids, self.end_ids(), self.tokenizer.pad_token_id)
                 text = self.tokenizer.decode(ids[:count], skip_special_tokens=True)
                 text = _cut_at_stop(text, params.stop)
-                completions.append(Completion(text, prompt_tokens, count))
+                completions.append(Completion(text, prompt_tokens, count,
+                                              top_logprobs=_value_top(guide, row * n + j, count)
+                                              if params.top_logprobs and guide else ()))
             results.append(completions)
         return results
 
@@ -302,6 +305,15 @@ def _can_switch_adapters(model) -> bool:
 
 def _has_lora_layers(model) -> bool:
     return any("lora_" in name for name, _ in model.named_modules())
+
+
+def _value_top(guide, index: int, count: int) -> tuple[dict[str, float], ...]:
+    """`Completion.top_logprobs` of a guided row: the choice distribution at its value's
+    position, empty elsewhere (the guide records only that step); () when it has none."""
+    row = guide.every_row[index]
+    if not row.value_top or not 0 <= row.value_position < count:
+        return ()
+    return tuple(row.value_top if i == row.value_position else {} for i in range(count))
 
 
 def _count_generated(ids, end_ids: list[int], pad_id: int | None) -> int:

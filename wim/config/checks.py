@@ -24,6 +24,7 @@ _CHOICES = {
     "pairs.tie_policy": ("drop", "first", "random"),
     "blind.backend": ("transformers", "llama_cpp", "http"),
     "blind.mode": ("pairwise", "pointwise"),
+    "blind.verdict": ("weighted", "hard"),
     "training.adapter": ("continue", "fresh"),
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
@@ -31,6 +32,8 @@ _CHOICES = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
     "judge.dtype": ("auto", "float32", "bfloat16"),
     "blind.dtype": ("auto", "float32", "bfloat16"),
+    "scoring.dtype": ("auto", "float32", "bfloat16"),
+    "scoring.backend": ("sentence_transformers", "http"),
     "http.adapter_serving": ("none", "vllm"),
     "dpo.reference_pass": ("auto", "precompute", "per_step"),
 }
@@ -107,6 +110,9 @@ def _validate_eval(cfg, fail) -> None:
     for z in cfg.eval.compare_zetas:
         if not 0.0 <= z <= 1.0:
             fail("eval.compare_zetas", "hold values in [0, 1]", z)
+    if cfg.scoring.backend == "http" and not (cfg.scoring.http.base_urls or cfg.http.base_urls):
+        fail("scoring.http.base_urls", "list at least one URL when scoring.backend is 'http' "
+             "(or set http.base_urls)", cfg.scoring.http.base_urls)
     if cfg.blind.backend == "http" and not cfg.blind.http.base_urls:
         fail("blind.http.base_urls", "list at least one URL when blind.backend is 'http'",
              cfg.blind.http.base_urls)

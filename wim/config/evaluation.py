@@ -19,6 +19,11 @@ class BlindConfig:
     """dtype of the evaluator on the transformers backend (see `policy.dtype`)."""
     mode: str = "pairwise"
     """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
+    verdict: str = "weighted"
+    """`weighted`: each order's probabilities of A, B and tie at the verdict token (the
+    transformers backend's guided distribution; a server's `top_logprobs`), averaged over both
+    orders into a preference in [0, 1] per prompt; an order without probabilities falls back to
+    its hard verdict (counted). `hard`: the verdict text alone."""
     max_new_tokens: int = 48
     """Most tokens per verdict (a one-line reason and the verdict)."""
     max_retries: int = 2

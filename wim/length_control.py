@@ -1,0 +1,77 @@
+"""AlpacaEval 2.0's length-controlled win rate, its `length_controlled_minimal` GLM.
+
+Written after alpaca_eval 0.6.6, `alpaca_eval/metrics/glm_winrate.py` (`get_length_controlled_
+winrate`, `_get_featurized_data`, `fit_LogisticRegressionCV` with `is_ytrue_proba=True`), term by
+term:
+- per prompt, the preference y in [0, 1] that the model (our system a) beats the baseline (b);
+- the length feature tanh(d / s), d = len(baseline answer) - len(model answer) in characters,
+  s = d's sample standard deviation (pandas `.std()`, ddof 1; d is not centred);
+- logit P(model better) = theta_len * tanh(d / s) + theta_q, with no intercept: theta_q is the
+  coefficient of a constant column (`not_gamed_baseline`), so the L1 penalty shrinks it too;
+- soft labels as two weighted rows per prompt (label 1 with weight y, label 0 with weight
+  1 - y); `LogisticRegressionCV(penalty="l1", solver="liblinear", fit_intercept=False,
+  random_state=123)` over sklearn's default 10 Cs, `GroupKFold(5)` with a prompt's two rows in
+  one group, scored by the log loss of the soft labels;
+- the rate: the mean prediction with the length term set to zero, sigmoid(theta_q).
+Their leaderboard GLM (`length_controlled_v1`) adds a per-instruction difficulty and rows of
+their own verbose/concise GPT-4 answers, both read from AlpacaEval's 805 instructions by
+position: on other prompts it means nothing, so this is the GLM that applies to ours.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+N_SPLITS = 5
+RANDOM_STATE = 123
+MIN_PROMPTS = N_SPLITS
+"""GroupKFold(5) needs at least five prompts."""
+
+
+def _soft_log_loss(y_true, y_pred, true_prob):
+    """alpaca_eval's `logloss_continuous` (unweighted): the log loss of each row's soft label."""
+    target = np.where(np.asarray(y_true) == 1, true_prob, 1 - true_prob)
+    pred = np.clip(y_pred, 1e-15, 1 - 1e-15)
+    return -np.mean(target * np.log(pred) + (1 - target) * np.log(1 - pred))
+
+
+def length_controlled(preferences: list[float], len_a: list[int], len_b: list[int]) -> dict:
+    """{"lc_win_rate", "theta_len", "theta_q", "lc_note"} for system a (the model) against b
+    (the baseline); the rate is None, with a note, when the GLM cannot be fitted."""
+    import sklearn
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.metrics import make_scorer
+    from sklearn.model_selection import GroupKFold
+
+    out = {"lc_win_rate": None, "theta_len": None, "theta_q": None, "lc_note": None}
+    y = np.asarray(preferences, float)
+    d = np.asarray(len_b, float) - np.asarray(len_a, float)
+    if len(y) < MIN_PROMPTS:
+        return {**out, "lc_note": f"{len(y)} prompt(s): GroupKFold({N_SPLITS}) needs "
+                                  f"{MIN_PROMPTS}"}
+    s = float(np.std(d, ddof=1))
+    length = np.tanh(d / s) if s > 0 else np.zeros_like(d)
+    x = np.column_stack([length, np.ones_like(length)])
+    n = len(y)
+    x2 = np.vstack([x, x])
+    labels = np.concatenate([np.ones(n), np.zeros(n)]).astype(int)
+    true_prob = np.concatenate([y, 1 - y])
+    groups = np.concatenate([np.arange(n), np.arange(n)])
+    if np.all(true_prob[:n] == true_prob[0]) and y[0] in (0.0, 1.0):
+        return {**out, "lc_note": "every preference is " + f"{y[0]:g}: nothing to fit"}
+    with sklearn.config_context(enable_metadata_routing=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn 1.9's FutureWarning on `penalty=`
+        scorer = make_scorer(_soft_log_loss, response_method="predict_proba",
+                             greater_is_better=False).set_score_request(true_prob=True)
+        model = LogisticRegressionCV(cv=GroupKFold(n_splits=N_SPLITS), scoring=scorer,
+                                     penalty="l1", solver="liblinear", dual=False,
+                                     fit_intercept=False, random_state=RANDOM_STATE)
+        model.set_fit_request(sample_weight=True)
+        model.fit(x2, labels, sample_weight=true_prob, groups=groups, true_prob=true_prob)
+    theta_len, theta_q = (float(v) for v in model.coef_[0])
+    return {"lc_win_rate": 1.0 / (1.0 + math.exp(-theta_q)), "theta_len": theta_len,
+            "theta_q": theta_q,
+            "lc_note": None if s > 0 else "no length difference: the length term is zero"}
