@@ -1,40 +1,271 @@
-"""The score stage: scores.jsonl from judgements.jsonl (no judge calls); see wim/scoring.py."""
+"""The score stage: scores.jsonl from judgements.jsonl (no judge calls), streamed.
+
+Judgements are read record by record and scored in batches of `scoring.batch_size`: each
+batch is validated (another tool may have written the file), its similarities are looked up in
+DIR/similarities.sqlite (data_gen/similarity_store.py), the missing ones are computed from one
+embedder call for the batch's new texts and stored in one transaction, and then the batch's
+scores are appended to scores.jsonl. Memory holds one batch, whatever the run's size.
+
+Resume: a pass killed midway leaves the scores written so far and the similarities stored;
+the same command (same embedder, zeta and parse-failure policy) keeps those scores and goes on
+after them, computing exactly what the uninterrupted pass would have. Other settings start
+scores.jsonl afresh, from stored similarities where they exist. At zeta 0 the score does not
+use the similarity: stored ones are still written, missing ones stay null, and no embedder is
+loaded.
+"""
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
+from data_gen.similarity_store import STORE, SimilarityStore, pair_key, text_key
 from data_gen.stages import _write_stats
 from wim.config import Config
-from wim.records import write_records_atomic
-from wim.rundir import RunDir
+from wim.records import JsonlAppender, RecordsError, record_key
+from wim.rundir import RunDir, RunDirError
+from wim.scoring import check_judgement, check_numeric, has_critique, score_record
+
+_PROGRESS = "stats/score_progress.json"  # the settings of a pass under way (for resume)
 
 
-def score_run(cfg: Config, run: RunDir, embedder=None) -> dict[str, Any]:
-    """Re-derive scores.jsonl from judgements.jsonl (no judge calls).
-
-    The judgements are validated first, since another tool may have written them.
-    """
-    from wim.embedders import Embedder
-    from wim.parsing import is_nothing_missing
-    from wim.scoring import check_judgements, score_judgements
+def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
+              ) -> dict[str, Any]:
+    """Score every judgement of `run` (see the module docstring). `embedder`: one already
+    loaded (it must have `identity`, `name` and `embed`); by default the config's, opened only
+    when a similarity is missing from the store."""
+    from wim.embedders import embedder_of
 
     start = time.perf_counter()
-    judgements = run.require("judgements.jsonl", "wim judge")
-    check_judgements(judgements, str(run.judgements))
-    policy = cfg.judge.on_parse_failure
-    needs_embedder = any((j["parse_ok"] or policy == "authors") and j.get("critique") is not None
-                         and not is_nothing_missing(j["critique"]) for j in judgements)
-    if embedder is None and needs_embedder:
-        embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size)
-    scored = score_judgements(judgements, embedder, cfg.scoring.zeta, policy)
-    write_records_atomic(run.scores, scored)
-    fallbacks = [r.get("fallback", "") for r in scored]
-    stats = {"time/score": time.perf_counter() - start, "score/records": len(scored),
-             "score/embedder": cfg.scoring.embedder, "score/zeta": cfg.scoring.zeta,
+    _require(run)
+    identity, name = (embedder.identity, embedder.name) if embedder else embedder_of(cfg)
+    zeta, policy, size = cfg.scoring.zeta, cfg.judge.on_parse_failure, cfg.scoring.batch_size
+    settings = {"identity": identity, "zeta": zeta, "on_parse_failure": policy}
+    kept = _resume_point(run, settings)
+    counts = {"records": 0, "computed": 0, "stored": 0, "embedded_texts": 0,
+              "fallback_rating": 0, "fallback_critique": 0}
+    store = SimilarityStore(run.file(STORE))
+    lazy = _LazyEmbedder(cfg, embedder)
+    out = None  # opened with the first batch: a first record that fails leaves no file
+    try:
+        for first, batch in _batches(run, size * _window(cfg, embedder)):
+            sims = _similarities(batch, identity, policy, zeta, store, lazy, counts)
+            records = [score_record(j, sims.get(i), zeta, policy, name)
+                       for i, j in enumerate(batch)]
+            for r in records:
+                fallback = r.get("fallback", "")
+                counts["fallback_rating"] += "rating" in fallback
+                counts["fallback_critique"] += "critique" in fallback
+            counts["records"] += len(records)
+            out = out or JsonlAppender(run.scores)
+            out.write_all(records[max(0, kept - first):])
+        store.drop_vectors()
+    finally:
+        for part in (out, store, lazy):
+            if part is not None:
+                part.close()
+    run.file(_PROGRESS).unlink(missing_ok=True)
+    stats = {"time/score": time.perf_counter() - start, "score/records": counts["records"],
+             "score/embedder": name, "score/embedder_identity": identity, "score/zeta": zeta,
              "score/on_parse_failure": policy,
-             "score/fallback_rating": sum("rating" in f for f in fallbacks),
-             "score/fallback_critique": sum("critique" in f for f in fallbacks)}
+             "score/similarities_computed": counts["computed"],
+             "score/similarities_stored": counts["stored"],
+             "score/embedded_texts": counts["embedded_texts"],
+             "score/fallback_rating": counts["fallback_rating"],
+             "score/fallback_critique": counts["fallback_critique"]}
+    stats.update(lazy.stats())
     _write_stats(run, "score", stats)
     return stats
+
+
+def store_similarities(cfg: Config, run: RunDir, embedder=None) -> dict[str, int]:
+    """Fill DIR/similarities.sqlite for every judgement of `run` without writing scores (`wim
+    compare` fills its shared store once; each arm then scores from a copy)."""
+    from wim.embedders import embedder_of
+
+    _require(run)
+    identity = embedder.identity if embedder else embedder_of(cfg)[0]
+    policy = cfg.judge.on_parse_failure
+    counts = {"computed": 0, "stored": 0, "embedded_texts": 0}
+    store = SimilarityStore(run.file(STORE))
+    lazy = _LazyEmbedder(cfg, embedder)
+    try:
+        for _, batch in _batches(run, cfg.scoring.batch_size * _window(cfg, embedder)):
+            _similarities(batch, identity, policy, 1.0, store, lazy, counts)
+        store.drop_vectors()
+    finally:
+        store.close()
+        lazy.close()
+    return counts
+
+
+def _similarities(batch: list[dict], identity: str, policy: str, zeta: float,
+                  store: SimilarityStore, lazy: _LazyEmbedder, counts: dict[str, int]
+                  ) -> dict[int, float]:
+    """{position in batch: similarity} of the batch's judgements that have a critique, from
+    the store, the missing ones computed and stored first (not at zeta 0)."""
+    from wim.parsing import is_nothing_missing
+
+    for j in batch:
+        check_numeric(j, zeta)
+    sims: dict[int, float] = {}
+    keys: dict[int, bytes] = {}
+    for i, j in enumerate(batch):
+        if not has_critique(j, policy):
+            continue
+        if is_nothing_missing(j["critique"]):
+            sims[i] = 1.0
+        else:
+            keys[i] = pair_key(identity, j["response"], j["critique"].strip())
+    stored = store.similarities(keys.values())
+    counts["stored"] += sum(k in stored for k in keys.values())
+    missing = {i: k for i, k in keys.items() if k not in stored}
+    if missing and zeta > 0:
+        stored.update(_compute(batch, missing, identity, store, lazy, counts))
+    sims.update({i: stored[k] for i, k in keys.items() if k in stored})
+    return sims
+
+
+def _compute(batch: list[dict], missing: dict[int, bytes], identity: str,
+             store: SimilarityStore, lazy: _LazyEmbedder, counts: dict[str, int]
+             ) -> dict[bytes, float]:
+    """The similarities of `missing` pairs; each text embedded once (stored vectors reused)."""
+    pairs = {k: (batch[i]["response"], batch[i]["critique"].strip()) for i, k in missing.items()}
+    texts = {text_key(identity, t): t for pair in pairs.values() for t in pair}
+    vectors = store.vectors(texts)
+    new = {k: t for k, t in texts.items() if k not in vectors}
+    fresh: dict[bytes, np.ndarray] = {}
+    if new:
+        embedded = lazy.get().embed(list(new.values()))
+        fresh = dict(zip(new, embedded, strict=True))
+        vectors.update(fresh)
+        counts["embedded_texts"] += len(new)
+    resp = np.stack([vectors[text_key(identity, r)] for r, _ in pairs.values()])
+    crit = np.stack([vectors[text_key(identity, c)] for _, c in pairs.values()])
+    # Embeddings are unit length, so the dot product is the cosine.
+    cos = np.clip(np.sum(resp * crit, axis=1), -1.0, 1.0)
+    values = {k: float(v) for k, v in zip(pairs, cos, strict=True)}
+    store.add(values, fresh)
+    counts["computed"] += len(values)
+    return values
+
+
+def _window(cfg: Config, embedder) -> int:
+    """Batches embedded at once: an embeddings server gets `concurrency` requests of
+    `batch_size` texts in flight; in process one batch (whose vectors then do not depend on
+    how a resumed pass was cut)."""
+    if embedder is not None:
+        return getattr(embedder, "in_flight", 1)
+    if cfg.scoring.backend == "http":
+        from wim.config import scoring_http
+
+        return max(1, scoring_http(cfg).concurrency // 2)  # two texts a judgement
+    return 1
+
+
+class _LazyEmbedder:
+    """The config's embedder, loaded on first use (a run whose similarities are all stored,
+    or scored at zeta 0, loads none)."""
+
+    def __init__(self, cfg: Config, given) -> None:
+        self.cfg, self.given, self.opened = cfg, given, None
+
+    def get(self):
+        if self.given is not None:
+            return self.given
+        if self.opened is None:
+            from wim.embedders import open_embedder
+
+            self.opened = open_embedder(self.cfg)
+        return self.opened
+
+    def stats(self) -> dict[str, Any]:
+        embedder = self.given or self.opened
+        if embedder is None:
+            return {}
+        out = {f"http/score/{k}": v for k, v in (getattr(embedder, "stats", None) or {}).items()}
+        if getattr(embedder, "dtype", None):
+            out["dtype/score"] = embedder.dtype
+        return out
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+
+
+def _require(run: RunDir) -> None:
+    """A clear error when there are no judgements (a stage never succeeds on nothing)."""
+    path = run.judgements
+    if next(_records(path), None) is None:
+        state = "is empty" if path.exists() else "does not exist"
+        raise RunDirError(
+            f"{path} {state}, so there is nothing to work on. Run `wim judge {run.path}` first "
+            f"(or `wim run CONFIG --out {run.path}` for every stage).")
+
+
+def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
+    """(index of the first record, validated judgements) of each batch of `size`."""
+    batch: list[dict] = []
+    first = 0
+    for number, (_, j) in enumerate(_records(run.judgements), start=1):
+        check_judgement(j, f"{run.judgements}, record {number}")
+        batch.append(j)
+        if len(batch) == size:
+            yield first, batch
+            first, batch = first + size, []
+    if batch:
+        yield first, batch
+
+
+def _records(path) -> Iterator[tuple[int, dict]]:
+    """(byte offset, record) of each complete line; a torn last line is not a record."""
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        offset = 0
+        for number, line in enumerate(f, start=1):
+            start, offset = offset, offset + len(line)
+            if not line.endswith(b"\n"):
+                return
+            if not line.strip():
+                continue
+            try:
+                yield start, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RecordsError(f"{path}, line {number}: not valid JSON ({err.msg}). The file "
+                                   "is corrupt; delete it to rebuild this stage.") from None
+
+
+def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:
+    """How many records of scores.jsonl a pass with `settings` keeps: those of an unfinished
+    pass with the same settings that follow the judgements in order. The file is cut after
+    them (to nothing for a new pass), and `settings` recorded as the pass under way."""
+    marker = run.file(_PROGRESS)
+    same = marker.is_file() and json.loads(marker.read_text() or "null") == settings
+    kept = 0
+    if same and run.scores.exists():
+        judged = _records(run.judgements)
+        for _, score in _records(run.scores):
+            j = next(judged, None)
+            if j is None or record_key(j[1]) != record_key(score):
+                break
+            kept += 1
+    if run.scores.exists():
+        with run.scores.open("rb+") as f:
+            f.truncate(_line_end(f, kept))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings))
+    return kept
+
+
+def _line_end(f, lines: int) -> int:
+    """The byte offset after the first `lines` lines of the open file `f`."""
+    f.seek(0)
+    end = 0
+    for _ in range(lines):
+        end += len(f.readline())
+    return end

@@ -25,6 +25,7 @@ import random
 import shutil
 from pathlib import Path
 
+from data_gen.score_stage import store_similarities
 from training.evaluate import System, adapter_of, compare_systems, held_out_prompts
 from wim.config import Config
 from wim.errors import InputError
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 RANDOM_ARM = "random"
 PRIMARY = "wim vs numeric"
 _SHARED_FILES = ("samples.jsonl", "judgements.jsonl", "split.json", "stats/generate.json",
-                 "stats/judge.json")
+                 "stats/judge.json", "similarities.sqlite")
 
 
 def arms_of(cfg: Config) -> list[tuple[str, float]]:
@@ -69,6 +70,7 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
     with shared.lock("wim compare (shared generation and judging)"):
         shared.claim(cfg)
         run_stages(cfg, shared, ("generate", "judge"), progress=progress)
+        store_similarities(cfg, shared)  # once for all arms: each scores from a copy
         shared.save_config(cfg)
     arm_runs, every_arm = {}, {}  # the trained arms; all of them
     for name, zeta in arms_of(cfg):

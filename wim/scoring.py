@@ -81,38 +81,58 @@ def score_judgements(
     rating_norm 0 (the midpoint) and a missing critique makes the score the rating alone; each
     such record carries `fallback` ("rating", "critique" or "rating+critique") so it is counted.
     In numeric mode (no critique in any judgement) only zeta = 0 is defined.
+    (The score stage, data_gen/score_stage.py, does the same batch by batch with stored
+    similarities; both build each record with `score_record`.)
     """
-    authors = on_parse_failure == "authors"
-    usable = [j for j in judgements if j["parse_ok"] or authors]
-    numeric = [j for j in judgements if j["parse_ok"] and j.get("critique") is None]
-    if numeric and zeta > 0:
+    for j in judgements:
+        check_numeric(j, zeta)
+    wim = [j for j in judgements if has_critique(j, on_parse_failure)]
+    sims = {}
+    if wim:
+        if embedder is None and any(needs_embedding(j, on_parse_failure) for j in wim):
+            raise InputError("WIM judgements need an embedder (scoring.embedder)")
+        values = similarities([j["response"] for j in wim], [j["critique"] for j in wim], embedder)
+        sims = {(j["prompt_id"], j["sample_idx"]): s for j, s in zip(wim, values, strict=True)}
+    name = embedder.name if embedder else None
+    return [score_record(j, sims.get((j["prompt_id"], j["sample_idx"])), zeta, on_parse_failure,
+                         name) for j in judgements]
+
+
+def has_critique(j: dict[str, Any], on_parse_failure: str) -> bool:
+    """The judgement is scored with a similarity: it parsed (or failures count, `authors`) and
+    carries a critique."""
+    return (j["parse_ok"] or on_parse_failure == "authors") and isinstance(j.get("critique"), str)
+
+
+def needs_embedding(j: dict[str, Any], on_parse_failure: str) -> bool:
+    """`has_critique`, and the critique says something is missing (else the similarity is 1)."""
+    return has_critique(j, on_parse_failure) and not is_nothing_missing(j["critique"])
+
+
+def check_numeric(j: dict[str, Any], zeta: float) -> None:
+    """A numeric judgement (parsed, no critique) has a score only at zeta 0."""
+    if zeta > 0 and j["parse_ok"] and j.get("critique") is None:
         raise InputError(
             "these judgements are numeric-only (judge.mode=numeric), so they have no critique "
             f"to embed; set scoring.zeta=0 (got {zeta})"
         )
-    wim = [j for j in usable if j.get("critique") is not None]
-    sims = {}
-    if wim:
-        if embedder is None and not all(is_nothing_missing(j["critique"]) for j in wim):
-            raise InputError("WIM judgements need an embedder (scoring.embedder)")
-        values = similarities([j["response"] for j in wim], [j["critique"] for j in wim], embedder)
-        sims = {(j["prompt_id"], j["sample_idx"]): s for j, s in zip(wim, values, strict=True)}
-    records = []
-    for j in judgements:
-        record = dict(j)
-        record.update(rating_norm=None, similarity=None, score=None, zeta=zeta,
-                      embedder=embedder.name if embedder else None)
-        if isinstance(j.get("critique"), str):
-            record["critique"] = normalize_critique(j["critique"])
-        if j["parse_ok"]:
-            rn = rating_norm(j["rating"])
-            sim = sims.get((j["prompt_id"], j["sample_idx"]))
-            record.update(rating_norm=rn, similarity=sim,
-                          score=mix_scores(rn, sim if sim is not None else 0.0, zeta))
-        elif authors:
-            record.update(_authors_fallback(j, sims.get((j["prompt_id"], j["sample_idx"])), zeta))
-        records.append(record)
-    return records
+
+
+def score_record(j: dict[str, Any], sim: float | None, zeta: float, on_parse_failure: str,
+                 embedder: str | None) -> dict[str, Any]:
+    """One scores.jsonl record. `sim`: the judgement's similarity, or None (no critique; or
+    not computed at zeta 0, where the score does not use it)."""
+    record = dict(j)
+    record.update(rating_norm=None, similarity=None, score=None, zeta=zeta, embedder=embedder)
+    if isinstance(j.get("critique"), str):
+        record["critique"] = normalize_critique(j["critique"])
+    if j["parse_ok"]:
+        rn = rating_norm(j["rating"])
+        record.update(rating_norm=rn, similarity=sim,
+                      score=mix_scores(rn, sim if sim is not None else 0.0, zeta))
+    elif on_parse_failure == "authors":
+        record.update(_authors_fallback(j, sim, zeta))
+    return record
 
 
 def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict[str, Any]:
@@ -120,8 +140,10 @@ def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict
     the rating alone when the critique is missing."""
     valid = isinstance(j.get("rating"), int) and 1 <= j["rating"] <= 10
     rn = rating_norm(j["rating"]) if valid else 0.0
-    missed = ([] if valid else ["rating"]) + ([] if sim is not None else ["critique"])
-    score = rn if sim is None else mix_scores(rn, sim, zeta)
+    critique = isinstance(j.get("critique"), str)
+    missed = ([] if valid else ["rating"]) + ([] if critique else ["critique"])
+    # At zeta 0 the similarity may be left uncomputed: the score is the rating either way.
+    score = rn if not critique else mix_scores(rn, sim if sim is not None else 0.0, zeta)
     return {"rating_norm": rn, "similarity": sim, "score": score, "fallback": "+".join(missed)}
 
 
@@ -131,21 +153,25 @@ def check_judgements(records: list[dict[str, Any]], source: str) -> None:
     Raises RecordsError naming the file, the record and the key.
     """
     for number, j in enumerate(records, start=1):
-        where = f"{source}, record {number}"
-        for key, kind in (("prompt_id", (str, int)), ("sample_idx", int), ("response", str),
-                          ("parse_ok", bool)):
-            if not isinstance(j.get(key), kind) or (kind is int and isinstance(j[key], bool)):
-                raise RecordsError(f"{where}: '{key}' is missing or not a {_kind(kind)}, got "
-                                   f"{j.get(key)!r}.")
-        critique, rating = j.get("critique"), j.get("rating")
-        if critique is not None and not isinstance(critique, str):
-            raise RecordsError(f"{where}: 'critique' must be a string or null, got {critique!r}.")
-        valid = isinstance(rating, int) and not isinstance(rating, bool) and 1 <= rating <= 10
-        if rating is not None and not valid:
-            raise RecordsError(f"{where}: 'rating' must be an integer in 1..10 or null, got "
-                               f"{rating!r}.")
-        if j["parse_ok"] and rating is None:
-            raise RecordsError(f"{where}: 'parse_ok' is true but 'rating' is null.")
+        check_judgement(j, f"{source}, record {number}")
+
+
+def check_judgement(j: dict[str, Any], where: str) -> None:
+    """`check_judgements` for one record; `where` names it ("FILE, record N")."""
+    for key, kind in (("prompt_id", (str, int)), ("sample_idx", int), ("response", str),
+                      ("parse_ok", bool)):
+        if not isinstance(j.get(key), kind) or (kind is int and isinstance(j[key], bool)):
+            raise RecordsError(f"{where}: '{key}' is missing or not a {_kind(kind)}, got "
+                               f"{j.get(key)!r}.")
+    critique, rating = j.get("critique"), j.get("rating")
+    if critique is not None and not isinstance(critique, str):
+        raise RecordsError(f"{where}: 'critique' must be a string or null, got {critique!r}.")
+    valid = isinstance(rating, int) and not isinstance(rating, bool) and 1 <= rating <= 10
+    if rating is not None and not valid:
+        raise RecordsError(f"{where}: 'rating' must be an integer in 1..10 or null, got "
+                           f"{rating!r}.")
+    if j["parse_ok"] and rating is None:
+        raise RecordsError(f"{where}: 'parse_ok' is true but 'rating' is null.")
 
 
 def _kind(kind) -> str:

@@ -34,7 +34,7 @@ __all__ = ["BlindConfig", "Config", "ConfigError", "DPOSection", "EvalConfig", "
            "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig", "LoraConfig",
            "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig", "ScoringConfig",
            "TrainingConfig", "WandbConfig", "apply_overrides", "config_from_dict", "judge_http",
-           "load_config", "read_yaml"]
+           "load_config", "read_yaml", "scoring_http"]
 
 
 @dataclass
@@ -93,6 +93,15 @@ def judge_http(cfg: Config) -> HTTPConfig:
               else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
     merged["model"] = own.model or cfg.judge.model or cfg.http.model
     # Adapters are served by the policy's server only (fixed and changing judges run there).
+    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
+
+
+def scoring_http(cfg: Config) -> HTTPConfig:
+    """The embeddings server of `scoring.backend: http`: `scoring.http`, each null field taken
+    from `http` (the model name: `scoring.http.model`, else `http.model`)."""
+    own = cfg.scoring.http
+    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
+              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
     return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
 
 

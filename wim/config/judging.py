@@ -69,7 +69,20 @@ class ScoringConfig:
     report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
     """zetas reported side by side (all from one judging pass)."""
     batch_size: int = 64
-    """Texts per embedder batch."""
+    """Judgements per scoring batch: their new texts are embedded together, their similarities
+    stored and their scores appended to scores.jsonl. With `backend: http`: texts per request,
+    and as many batches at once as `scoring.http.concurrency` lets requests be in flight."""
+    dtype: str = "auto"
+    """The in-process embedder's dtype: `auto` (bfloat16 on a GPU or a CPU that computes it
+    natively, else float32: the policy's rule, wim/precision.py), `float32` or `bfloat16`.
+    Similarities of another dtype are computed afresh, never mixed with stored ones."""
+    backend: str = "sentence_transformers"
+    """`sentence_transformers` (in process, on the GPU when there is one) or `http`: an
+    OpenAI-compatible `/v1/embeddings` (vLLM `--runner pooling`, TEI, OpenAI) at
+    `scoring.http`."""
+    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    """With `backend: http`: the embeddings server, field by field as `judge.http` (each null
+    field from `http:`; the model name: `scoring.http.model`, else `http.model`)."""
 
 
 @dataclass
