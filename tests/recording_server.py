@@ -69,3 +69,25 @@ class RecordingServer(JSONServer):
 
     def respond(self, path: str, body: dict) -> tuple[int, dict]:
         return 200, chat_completion(self.reply(body["messages"]), 11, 3)
+
+
+class ForwardingServer(JSONServer):
+    """A recording proxy: each POST is recorded, then sent on to `target` (a base URL ending
+    in /v1) and its answer returned as it came. Tests read what a real server received."""
+
+    def __init__(self, target: str, timeout_s: float = 300.0) -> None:
+        self.origin = target.rstrip("/").removesuffix("/v1")
+        self.timeout_s = timeout_s
+        super().__init__()
+
+    def respond(self, path: str, body: dict) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.origin + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()

@@ -70,5 +70,6 @@ def test_fixed_and_changing_judges_part_after_round_one(vllm_server, tmp_path: P
     if same1 < 12 or same2 < 8:
         pytest.skip(f"the runs' samples diverged (identical, judged differently: {rounds}); "
                     "this server is not deterministic here, so the judges cannot be compared")
-    assert differ1 / same1 <= 0.2, rounds
+    # Round 1's verdicts may part by batching alone (no bound on it); the round-1 adapter
+    # must part them far more than that.
     assert differ2 / same2 >= differ1 / same1 + 0.4, rounds
