@@ -192,9 +192,9 @@ class HTTPClient:
         counted as an attempt); when it returns None nothing is sent and the request returns
         None."""
         attempt, failure = 0, Failure("no attempt made")
-        index = self._pick()
+        index: int | None = None  # the URL of the last attempt
         while True:
-            outcome = await self._attempt(index, path, payload, parse)
+            index, outcome = await self._attempt(path, payload, parse, after=index)
             if not isinstance(outcome, Failure):
                 return outcome
             failure = outcome
@@ -204,8 +204,8 @@ class HTTPClient:
             if not failure.retry or attempt > self.max_retries:
                 break
             self.stats["retries"] += 1
-            failed, index = index, self._pick(after=index)
-            if not (failure.connection and index != failed and self._down_until[index] is None):
+            # Off a failed connection to a URL that is up: at once. Otherwise back off.
+            if not (failure.connection and self._another_up(index)):
                 await asyncio.sleep(self._backoff(attempt))
         self.stats["failures"] += 1
         error = self.scrub(f"{failure.reason} (after {attempt} attempt{'s' * (attempt > 1)})")
@@ -218,20 +218,22 @@ class HTTPClient:
             logger.debug("http request failed: %s", error)
         return Failure(error)
 
-    async def _attempt(self, index: int, path: str, payload: dict | Callable[[], dict | None],
-                       parse: Parse) -> Any:
-        """One attempt in one slot; a `repeat` (the caller changed its payload) is sent again
-        in the same slot, at once."""
+    async def _attempt(self, path: str, payload: dict | Callable[[], dict | None],
+                       parse: Parse, after: int | None) -> tuple[int | None, Any]:
+        """(URL index, outcome) of one attempt in one slot. The URL is picked once the slot is
+        free, so that a URL found down meanwhile is not sent to; a `repeat` (the caller
+        changed its payload) is sent again in the same slot, at once."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.concurrency)
         async with self._slots:
+            index = self._pick(after)
             while True:
                 data = payload() if callable(payload) else payload
                 if data is None:
-                    return None
+                    return index, None
                 outcome = await self._send(index, self.base_urls[index] + path, data, parse)
                 if not (isinstance(outcome, Failure) and outcome.repeat):
-                    return outcome
+                    return index, outcome
 
     async def _send(self, index: int, url: str, data: dict, parse: Parse) -> Any:
         import aiohttp
@@ -298,6 +300,9 @@ class HTTPClient:
                 self._down_until[i] = now + self._cooldown(i)
                 return i
         return start % n
+
+    def _another_up(self, index: int) -> bool:
+        return any(until is None for i, until in enumerate(self._down_until) if i != index)
 
     def _mark_down(self, index: int, reason: str) -> None:
         new = self._down_until[index] is None
