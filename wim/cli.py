@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="KEY=VALUE", help="override a config field, e.g. scoring.zeta=1")
         p.add_argument("--shard", help="run only shard i of n (i/n), e.g. 0/2")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        # Also after the command (`wim run CONFIG -v`); SUPPRESS keeps a `wim -v run` intact.
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log debug messages, one line per HTTP request among them")
 
     run = sub.add_parser("run", help="run every stage: generate, judge, score, pairs, train, "
                          "report")
@@ -82,6 +85,9 @@ def _add_eval_parsers(sub) -> None:
     for p in (ev, compare, validity):
         p.add_argument("--set", **sets)
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        # Also after the command (`wim run CONFIG -v`); SUPPRESS keeps a `wim -v run` intact.
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log debug messages, one line per HTTP request among them")
 
 
 def add_refine_parsers(sub) -> None:
@@ -155,10 +161,22 @@ def resolve(args: argparse.Namespace):
     return cfg, out
 
 
+# Our packages, and the HTTP libraries (httpx logs one INFO line per request).
+_VERBOSE_LOGGERS = ("wim", "data_gen", "training", "httpx", "aiohttp")
+
+
+def _set_up_logging(verbose: bool) -> None:
+    """Warnings and our INFO lines; with --verbose our DEBUG lines too, one per HTTP request
+    among them. Other libraries' DEBUG lines stay off either way."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for name in _VERBOSE_LOGGERS:
+        quiet = logging.WARNING if name == "httpx" else logging.NOTSET
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    _set_up_logging(args.verbose)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
