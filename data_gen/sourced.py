@@ -42,16 +42,18 @@ def import_samples(cfg: Config, run: RunDir, source: Source, sha256: str,
     bar = _bar(None, "import", progress)
     with JsonlAppender(run.samples) as out:
         pending: list[dict[str, Any]] = []
-        for sp in source:
-            if mine is not None and sp.prompt.id not in mine:
-                continue
-            pending += [_record(cfg, sp, j) for j in range(len(sp.responses))
-                        if (sp.prompt.id, j) not in done]
-            bar.update(len(sp.responses))
-            if len(pending) >= 256:  # one fsync per few hundred records, not per prompt
-                out.write_all(pending)
-                pending = []
-        out.write_all(pending)
+        try:
+            for sp in source:
+                if mine is not None and sp.prompt.id not in mine:
+                    continue
+                pending += [_record(cfg, sp, j) for j in range(len(sp.responses))
+                            if (sp.prompt.id, j) not in done]
+                bar.update(len(sp.responses))
+                if len(pending) >= 256:  # one fsync per few hundred records, not per prompt
+                    out.write_all(pending)
+                    pending = []
+        finally:  # a bad row later in the source: the rows before it are written and kept
+            out.write_all(pending)
     bar.close()
     stats = _sample_stats(run)
     stats.update({

@@ -166,4 +166,12 @@ def test_generate_from_a_source_loads_no_model_and_resumes(tmp_path: Path) -> No
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"Response source file '{bad}', line 2: 'responses' is a str, not a list" in \
         proc.stderr
-    assert not fresh.exists()  # refused before the run directory was touched
+    # The source is streamed: line 1's responses were written before line 2 was read, and
+    # they stay (the same command again fails on the same line and duplicates nothing).
+    keys = [("q0", 0), ("q0", 1), ("q0", 2)]
+    assert [(s["prompt_id"], s["sample_idx"]) for s in read_keyed(fresh / "samples.jsonl")] == keys
+    again = run_wim(["generate", str(QUICKSTART), "--out", str(fresh), "--no-progress",
+                     *sets([f"generation.source={bad}", NO_POLICY, "prompts.holdout=0"])],
+                    check=False)
+    assert again.returncode == 2 and "line 2: 'responses' is a str" in again.stderr
+    assert [(s["prompt_id"], s["sample_idx"]) for s in read_keyed(fresh / "samples.jsonl")] == keys
