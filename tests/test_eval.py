@@ -163,7 +163,8 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
         server.close()
     assert "mechanical" in proc.stdout  # the bundled policy wrote the answers
     report = json.loads((out / "eval.json").read_text())
-    assert report["evaluator"] == {"model": "recorded", "mode": "pairwise", "backend": "http",
+    assert report["evaluator"] == {"model": "recorded", "mode": "pairwise", "verdict": "weighted",
+                                   "backend": "http",
                                    "max_retries": 2, "dtype": None}  # a server: not ours
     assert "not evidence for or against WIM" in report["mechanical_warning"]
     names = [c["name"] for c in report["comparisons"]]

@@ -31,7 +31,16 @@ from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
 from wim.records import read_keyed, read_records, write_records_atomic
-from wim.report.evaluation import LEGEND, comparison_table, header_lines, primary_lines
+from wim.report.evaluation import (
+    LEGEND,
+    WEIGHTED_LEGEND,
+    comparison_table,
+    header_lines,
+    power_lines,
+    primary_lines,
+    weighted_lines,
+    weighted_table,
+)
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -198,6 +207,10 @@ def _attach_wins(report: dict) -> None:
         arm["vs_base"] = {k: c.get(k) for k in (
             "win_rate", "bootstrap_95", "decisive_rate", "decisive_95", "p_value", "p_holm",
             "order_agreement", "length_adjusted_win_rate")}
+        w = c.get("weighted") or {}
+        arm["vs_base"].update(weighted=w.get("preference"), weighted_95=w.get("ci95"),
+                              weighted_p=w.get("p_value"), weighted_p_holm=w.get("p_holm"),
+                              lc_win_rate=w.get("lc_win_rate"))
 
 
 def _f(x, digits: int = 3) -> str:
@@ -208,32 +221,42 @@ def _f(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def _p(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
 def compare_markdown(report: dict) -> str:
     lines = ["# WIM vs numeric: side-by-side arms", "", *header_lines(report),
-             *primary_lines(report)]
+             *weighted_lines(report), *power_lines(report), *primary_lines(report)]
     lines += ["All arms share one generation and one judging pass (`shared/`); only scoring, "
               "pairing and training differ (same seed, same steps). Tie rate and mean absolute "
               "delta are over pairs of samples of one prompt on the 1-10 scale. Usable pairs "
               "per 1,000 judge tokens is the cost of each arm's training data. Against the "
-              "base: the win rate counts ties as half (paired bootstrap 95%); the sign test "
-              "leaves ties out (decisive rate, exact Clopper-Pearson 95%, p Holm-adjusted over "
-              "every comparison).", "",
+              "base: the weighted win rate (the evaluator's probability that the arm is "
+              "better, both orders averaged) with the t-test's own 95% interval and p; the "
+              "hard win rate counts ties as half (paired bootstrap 95%); the sign test leaves "
+              "ties out (decisive rate, exact Clopper-Pearson 95%, its unadjusted p and the "
+              "p Holm-adjusted over every comparison).", "",
               "| arm | zeta | tie rate | delta | pairs kept | pairs / 1k judge tokens | loss "
-              "first -> last | reward margin last | win rate vs base (ties half) | paired "
-              "bootstrap 95% | decisive rate (ties out) | Clopper-Pearson 95% | p (Holm) |",
-              "|" + "---|" * 13]
+              "first -> last | reward margin last | weighted win rate vs base | t 95% | "
+              "weighted p (Holm) | win rate vs base (ties half) | paired bootstrap 95% | "
+              "decisive rate (ties out) | Clopper-Pearson 95% | sign-test p | p (Holm) |",
+              "|" + "---|" * 17]
     for a in report["arms"]:
         v = a["vs_base"]
         lines.append(f"| {a['name']} | {_f(a['zeta'], 2)} | {_f(a['tie_rate'])} | "
                      f"{_f(a['delta'])} | {a['pairs_kept']} | "
                      f"{_f(a['usable_pairs_per_1k_judge_tokens'], 2)} | "
                      f"{_f(a['loss_first'])} -> {_f(a['loss_last'])} | "
-                     f"{_f(a['reward_margin_last'])} | {_f(v['win_rate'])} | "
+                     f"{_f(a['reward_margin_last'])} | {_f(v.get('weighted'))} | "
+                     f"{_f(v.get('weighted_95'))} | {_p(v.get('weighted_p_holm'))} | "
+                     f"{_f(v['win_rate'])} | "
                      f"{_f(v['bootstrap_95'])} | {_f(v['decisive_rate'])} | "
-                     f"{_f(v['decisive_95'])} | {_f(v['p_holm'])} |")
+                     f"{_f(v['decisive_95'])} | {_p(v['p_value'])} | {_p(v['p_holm'])} |")
     lines += ["", "The random arm is the control: the WIM arm's pairs with chosen and rejected "
               "swapped by a seeded coin.", "", "**Every comparison (Holm family)** (blind "
               f"evaluator: `{report['evaluator']['model']}`, {report['evaluator']['mode']}; "
-              f"{report['held_out_prompts']} held-out prompts)", "", LEGEND, "",
+              f"{report['held_out_prompts']} held-out prompts)", "", WEIGHTED_LEGEND, "",
+              *weighted_table(report["comparisons"]), "", LEGEND, "",
               *comparison_table(report["comparisons"]), ""]
     return "\n".join(lines)

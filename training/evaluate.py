@@ -25,7 +25,7 @@ from wim.errors import InputError
 from wim.holdout import load_split, read_split, write_split
 from wim.prompts import Prompt
 from wim.records import read_keyed
-from wim.report.evaluation import LEGEND, comparison_table, header_lines, primary_lines
+from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 from wim.statistics import (
     MECHANICAL_WARNING,
@@ -34,6 +34,7 @@ from wim.statistics import (
     outcome_of,
     power_of,
     summarize,
+    weighted_power,
     with_holm,
 )
 
@@ -168,24 +169,48 @@ def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt
         else:
             verdicts = evaluator.pairwise(questions, texts[a], texts[b])
         values, diffs, kinds, agree = [], [], [], []
+        prefs, order_prefs, sources, ids = [], [], [], []
         for p, ta, tb, v in zip(prompts, texts[a], texts[b], verdicts, strict=True):
             both = mode == "pairwise" and None not in v.orders
+            pref, by_order, source = _preference(v, mode)
             records.append({"comparison": name, "a": a, "b": b, "prompt_id": p.id,
                             "domain": p.domain, "winner": v.winner, "failure": v.failure,
                             "order_ab": v.orders[0], "order_ba": v.orders[1],
                             "orders_agree": v.orders[0] == v.orders[1] if both else None,
-                            "tie_kind": v.tie_kind, "raw": v.raw, "tokens": v.tokens})
+                            "tie_kind": v.tie_kind, "preference": pref,
+                            "p_ab": by_order[0] if by_order else None,
+                            "p_ba": by_order[1] if by_order else None,
+                            # each order's probabilities of its own A / B / tie
+                            "probs_ab": v.probs[0], "probs_ba": v.probs[1],
+                            "preference_source": source, "raw": v.raw, "tokens": v.tokens})
             if both:
                 agree.append(v.orders[0] == v.orders[1])
             if v.winner is not None:
                 values.append(outcome_of(v.winner))
                 diffs.append(float(len(ta) - len(tb)))
+                prefs.append(pref)
+                order_prefs.append(by_order)
+                sources.append(source)
+                ids.append(p.id)
                 if v.tie_kind:
                     kinds.append(v.tie_kind)
         failures = sum(r["winner"] is None for r in records if r["comparison"] == name)
         results[name] = Outcomes(values, diffs, failures=failures, tie_kinds=kinds,
-                                 order_agreement=agree)
+                                 order_agreement=agree, preferences=prefs,
+                                 order_preferences=order_prefs, sources=sources, prompt_ids=ids)
     return results, records
+
+
+def _preference(v: PairVerdict, mode: str):
+    """(weighted preference for a, (P_ab, P_ba) or None, source) of one verdict; all None
+    for a failed one. Pointwise verdicts have no orders: the outcome is the preference."""
+    if v.winner is None:
+        return None, None, None
+    if mode == "pointwise":
+        return outcome_of(v.winner), None, "pointwise"
+    sources = v.sources
+    source = sources[0] if sources[0] == sources[1] else "hard"
+    return v.preference, v.order_preferences, source
 
 
 def _from_points(pa, pb, identical: bool) -> PairVerdict:
@@ -213,17 +238,26 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
     comparisons.sort(key=lambda c: c["name"] != primary)  # stable: the primary first
     for c in comparisons:
         c["primary"] = c["name"] == primary
+    prim = comparisons[0]
+    weighted = prim.get("weighted") or {}
+    power = weighted_power(weighted.get("n", 0), weighted.get("sd"), len(comparisons))
     bundled = is_bundled(evaluator.model_name) or any(is_bundled(s.model) for s in systems)
     backend_failures = sum(1 for r in records if (r["failure"] or "").find("backend failed") >= 0)
     mode = cfg.blind.mode
     return {
         "evaluator": {"model": evaluator.model_name, "mode": mode,
+                      "verdict": evaluator.verdict if mode == "pairwise" else "pointwise",
                       "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries,
                       "dtype": getattr(evaluator.backend, "dtype", None)},
         "mechanical_warning": MECHANICAL_WARNING if bundled else None,
         "held_out_prompts": n_prompts,
         "primary": primary,
         **power_of(n_prompts, len(comparisons)),
+        **power,
+        # Prompts whose preference fell back to a hard verdict in at least one order (the
+        # evaluator's backend gave no token probabilities there), over every comparison.
+        "hard_fallback": sum(r.get("preference_source") == "hard" for r in records)
+        if evaluator.verdict == "weighted" and mode == "pairwise" else 0,
         "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},
         "evaluator_tokens": sum(r["tokens"] for r in records),
         "backend_failures": backend_failures,
@@ -250,13 +284,11 @@ def _jsonl(path: Path, records: list[dict]) -> None:
 
 def eval_markdown(report: dict) -> str:
     ev = report["evaluator"]
-    lines = ["# Blind evaluation", "", *header_lines(report),
-             f"Evaluator: `{ev['model']}` ({ev['mode']}; it saw only each question and the "
-             f"answers). Held-out prompts: {report['held_out_prompts']}. Attempts that copied "
-             f"the template's placeholder (asked again): {report.get('placeholder_copies', 0)}.",
-             "", *primary_lines(report), "**Every comparison (Holm family)**", "", LEGEND, "",
-             *comparison_table(report["comparisons"]), ""]
-    return "\n".join(lines)
+    about = [f"Evaluator: `{ev['model']}` ({ev['mode']}, {ev.get('verdict', 'hard')} verdicts; "
+             f"it saw only each question and the answers). Held-out prompts: "
+             f"{report['held_out_prompts']}. Attempts that copied the template's placeholder "
+             f"(asked again): {report.get('placeholder_copies', 0)}.", ""]
+    return "\n".join(["# Blind evaluation", "", *evaluation_body(report, about)])
 
 
 def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, progress: bool,

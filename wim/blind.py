@@ -116,7 +116,9 @@ class PairVerdict:
     def preference(self) -> float | None:
         """p = (P_ab(a better) + P_ba(a better)) / 2; None when the verdict failed."""
         both = self.order_preferences
-        return None if both is None else (both[0] + both[1]) / 2
+        # Rounded: a pure position bias cancels exactly, not to 1e-17 (a t-test would read
+        # rounding noise as a spread).
+        return None if both is None else round((both[0] + both[1]) / 2, 10)
 
     @property
     def tie_kind(self) -> str | None:

@@ -15,12 +15,21 @@ for the rate it is about, and every interval is the interval of that rate:
   power of the design: the smallest p any result could reach with n prompts
   (`min_attainable_p`, all n decided one way) and its Holm-adjusted value over m comparisons;
 - sensitivity: the win rate with failed verdicts counted as losses, and as wins;
-- length-adjusted win rate: a logistic regression of the outcome on tanh(length difference /
-  its standard deviation) (statsmodels `Logit`), read at zero length difference, with the fitted
-  slope and a paired bootstrap interval. Unlike AlpacaEval 2's length-controlled rate it has no
-  cross-validated regularisation and no baseline prompted to be verbose or concise: the slope
-  is fitted on the a-vs-b prompts alone, where length and quality are confounded, so on a few
-  dozen prompts it is noise (the note says so).
+- weighted preference (the lead number of `wim eval`): per prompt p in [0, 1], the evaluator's
+  probability that a is better averaged over both orders (wim/blind.py). `mean_test`: the
+  one-sample t-test of the mean p against 0.5 with ITS t interval of the mean (scipy
+  `ttest_1samp(...).confidence_interval()`): p < 0.05 exactly when 0.5 is outside the 95%
+  interval, by construction. A t-test rather than Wilcoxon's signed-rank test because the
+  number reported is the mean preference (a win rate), and the t-test is the test of that mean
+  with that mean's interval; Wilcoxon tests a pseudo-median, whose interval (Hodges-Lehmann)
+  would be of another quantity. `weighted_power`: what the t-test could detect at this n;
+- length-adjusted win rate (our heuristic on the hard outcomes, kept for its interval; the
+  length-controlled rate of AlpacaEval 2.0 is wim/length_control.py): a logistic regression of
+  the outcome on tanh(length difference / its standard deviation) (statsmodels `Logit`), read
+  at zero length difference, with the fitted slope and a paired bootstrap interval. Unlike
+  AlpacaEval's GLM it has no cross-validated L1 and reads hard outcomes: the slope is fitted
+  on the a-vs-b prompts alone, where length and quality are confounded, so on a few dozen
+  prompts it is noise (the note says so).
 """
 
 from __future__ import annotations
@@ -61,6 +70,15 @@ class Outcomes:
     different answers) or `identical` (the same answer twice, never asked)."""
     order_agreement: list[bool] = field(default_factory=list)
     """Per prompt asked in both orders with both parsed: did the orders agree?"""
+    preferences: list[float] = field(default_factory=list)
+    """Per prompt of `values`: the weighted preference for a in [0, 1] (wim/blind.py)."""
+    order_preferences: list[tuple[float, float] | None] = field(default_factory=list)
+    """Per prompt of `values`: P(a better) in order a/b and in order b/a (None: pointwise)."""
+    sources: list[str] = field(default_factory=list)
+    """Per prompt of `values`: `probabilities` (both orders), `hard` (at least one order gave
+    none: its hard verdict counted as probability 1), `identical` or `pointwise`."""
+    prompt_ids: list[str] = field(default_factory=list)
+    """Per prompt of `values`: its id."""
 
     @property
     def wins(self) -> int:
@@ -280,13 +298,98 @@ def summarize(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,
         "sensitivity": sensitivity(w, lo, t, f),
         **length_adjusted(outcomes.values, outcomes.length_diffs, seed,
                           min(resamples, LENGTH_RESAMPLES)),
+        "decisive_statement": decisive_statement(w, lo),
+        "weighted": weighted_summary(outcomes) if outcomes.preferences else None,
     }
 
 
+def weighted_summary(outcomes: Outcomes) -> dict:
+    """The weighted preference of one comparison: mean p with the t-test against 0.5 and its
+    own interval (`mean_test`), AlpacaEval 2.0's length-controlled rate on the same p, where
+    each prompt's p came from, and the per-prompt values (both orders) for the picture."""
+    from wim.length_control import length_controlled
+
+    prefs = outcomes.preferences
+    test = mean_test(prefs, 0.5)
+    sources = outcomes.sources
+    per_prompt = [{"prompt_id": i, "p": p, "p_ab": o[0] if o else None,
+                   "p_ba": o[1] if o else None, "source": src}
+                  for i, p, o, src in zip(outcomes.prompt_ids, prefs, outcomes.order_preferences,
+                                          sources, strict=True)]
+    return {"preference": test["mean"], "ci95": test["ci95"], "p_value": test["p"],
+            "p_holm": None, "test": test["test"], "note": test["note"], "sd": test["sd"],
+            "n": len(prefs),
+            "sources": {k: sources.count(k) for k in sorted(set(sources))},
+            "hard_fallback": sources.count("hard"),
+            **length_controlled(prefs, outcomes.length_diffs[:len(prefs)]),
+            "per_prompt": per_prompt}
+
+
 def with_holm(comparisons: list[dict]) -> list[dict]:
-    """Fill `p_holm` over every comparison of one report."""
+    """Fill `p_holm` over every comparison of one report: the sign tests' family and, where
+    present, the weighted tests' family."""
     adjusted = holm([c["p_value"] for c in comparisons])
-    return [{**c, "p_holm": p} for c, p in zip(comparisons, adjusted, strict=True)]
+    out = [{**c, "p_holm": p} for c, p in zip(comparisons, adjusted, strict=True)]
+    if all(c.get("weighted") for c in out):
+        weighted = holm([c["weighted"]["p_value"] for c in out])
+        out = [{**c, "weighted": {**c["weighted"], "p_holm": p}}
+               for c, p in zip(out, weighted, strict=True)]
+    return out
+
+
+def mean_test(values: list[float], null: float = 0.5) -> dict:
+    """{"mean", "ci95", "p", "sd", "test", "note"}: the two-sided one-sample t-test of the mean
+    against `null` and its own 95% t interval. Without spread the t statistic is undefined:
+    all values at `null` give p = 1; all on one side give the exact sign test's p (every one
+    of n on that side) and no interval, with a note."""
+    from scipy.stats import ttest_1samp
+
+    x = np.asarray(values, float)
+    n = len(x)
+    out = {"mean": float(x.mean()) if n else None, "ci95": None, "p": 1.0,
+           "sd": float(x.std(ddof=1)) if n > 1 else None, "test": "one-sample t-test",
+           "note": None}
+    if n < 2:
+        return {**out, "note": f"{n} prompt(s): too few for a test"}
+    if np.all(x == x[0]):
+        if x[0] == null:
+            return {**out, "ci95": [float(null), float(null)],
+                    "note": f"every value is {null:g}: no difference"}
+        return {**out, "p": binomial_p(n, 0), "test": "sign test (no spread)",
+                "note": f"every value is {x[0]:g}: no spread, so no t interval; p is the exact "
+                        "sign test's (all on one side)"}
+    res = ttest_1samp(x, null)
+    ci = res.confidence_interval(0.95)
+    return {**out, "p": float(res.pvalue), "ci95": [float(ci.low), float(ci.high)]}
+
+
+def weighted_power(n: int, sd: float | None, m: int, effect: float = 0.1,
+                   alpha: float = ALPHA) -> dict:
+    """What the t-test of the mean preference could detect: at Holm's strictest level
+    alpha / m, with n prompts and the observed spread `sd`, the power against a true mean
+    0.5 + `effect`, and the prompts that 80% power would take."""
+    from statsmodels.stats.power import TTestPower
+
+    if n < 2 or not sd:
+        return {"weighted_power": None, "weighted_prompts_80": None,
+                "weighted_power_statement": "No power statement for the weighted test: too "
+                "few prompts or no spread in the preferences."}
+    level, size = alpha / max(m, 1), effect / sd
+    power = float(TTestPower().power(size, n, level, alternative="two-sided"))
+    needed = math.ceil(TTestPower().solve_power(size, None, level, 0.8, "two-sided"))
+    return {"weighted_power": power, "weighted_prompts_80": needed,
+            "weighted_power_statement": (
+                f"Power of the weighted test: with {n} prompts, the observed spread of the "
+                f"preferences (sd {sd:.3f}) and {m} comparison(s) (Holm's strictest level "
+                f"{level:.3g}), a true mean preference of {0.5 + effect:g} would be found "
+                f"with probability {power:.2f}; 80% would take about {needed} prompts.")}
+
+
+def decisive_statement(wins: int, losses: int) -> str:
+    """After the results: what the sign test could reach with the prompts it counted."""
+    k = wins + losses
+    return (f"With {k} decisive prompt(s) ({wins} wins, {losses} losses; ties left out) the "
+            f"smallest sign-test p was {min_attainable_p(k):.3g}.")
 
 
 def power_of(n_prompts: int, comparisons: int) -> dict:

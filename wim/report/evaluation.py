@@ -39,15 +39,80 @@ def interval(x: Any) -> str:
 
 
 def header_lines(doc: dict[str, Any]) -> list[str]:
-    """Warnings first: mechanical numbers, then the power statement."""
+    """Warnings first: mechanical numbers; a count of hard-verdict fallbacks."""
     lines = []
     if doc.get("mechanical_warning"):
         lines += [f"> **Mechanical numbers.** {cell(doc['mechanical_warning'])}", ""]
-    if doc.get("power_statement"):
-        lines += [f"> **Power.** {cell(doc['power_statement'])} (min attainable p, one "
-                  f"comparison: {pval(doc.get('min_attainable_p'))}; Holm over the family: "
-                  f"{pval(doc.get('min_attainable_p_holm'))}.)", ""]
+    if doc.get("hard_fallback"):
+        lines += [f"> **Hard-verdict fallback.** {doc['hard_fallback']} prompt(s) got no token "
+                  "probabilities from the evaluator's backend in at least one order; that "
+                  "order's hard verdict counted as probability 1.", ""]
     return lines
+
+
+def power_lines(doc: dict[str, Any]) -> list[str]:
+    """The sign test's power statement (before the results: the design's ceiling)."""
+    if not doc.get("power_statement"):
+        return []
+    return [f"> **Power.** (sign test) {cell(doc['power_statement'])} (min attainable p, one "
+            f"comparison: {pval(doc.get('min_attainable_p'))}; Holm over the family: "
+            f"{pval(doc.get('min_attainable_p_holm'))}.)", ""]
+
+
+def _weighted_kind(doc: dict[str, Any]) -> str:
+    verdict = (doc.get("evaluator") or {}).get("verdict", "weighted")
+    if verdict == "hard":
+        return ("hard verdicts (blind.verdict hard): each order's verdict counted as "
+                "probability 1")
+    if verdict == "pointwise":
+        return "pointwise scores: 1, 1/2 or 0 per prompt"
+    return "the evaluator's probability that a is better, averaged over both orders"
+
+
+def verdict_sentence(c: dict[str, Any], alpha: float = 0.05) -> str:
+    """One sentence: what the weighted test of comparison `c` says."""
+    w = c.get("weighted") or {}
+    if w.get("preference") is None:
+        return "No weighted preference: every verdict failed."
+    p = w.get("p_value")
+    side = c.get("a") if w["preference"] > 0.5 else c.get("b")
+    if p is not None and p < alpha:
+        return (f"`{cell(side)}` is preferred: weighted win rate {num(w['preference'])} of "
+                f"`{cell(c.get('a'))}` over `{cell(c.get('b'))}`, p = {pval(p)} (unadjusted).")
+    return (f"No significant difference: weighted win rate {num(w['preference'])} of "
+            f"`{cell(c.get('a'))}` over `{cell(c.get('b'))}`, p = {pval(p)}.")
+
+
+def weighted_lines(doc: dict[str, Any]) -> list[str]:
+    """The lead: the primary comparison's weighted win rate, its interval and its test."""
+    prim = next((c for c in doc.get("comparisons", []) if c.get("primary")), None)
+    w = (prim or {}).get("weighted")
+    if not w:
+        return []
+    n_family = len(doc.get("comparisons", []))
+    src = w.get("sources") or {}
+    lines = [f"**{verdict_sentence(prim)}**",
+             f"- Weighted win rate of a = `{cell(prim.get('a'))}` over b = "
+             f"`{cell(prim.get('b'))}` ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
+             f"{prim.get('failures')} failed verdicts left out): {num(w.get('preference'))}, "
+             f"t 95% interval of the mean {interval(w.get('ci95'))}, {cell(w.get('test'))} "
+             f"against 0.5: p = {pval(w.get('p_value'))} (unadjusted; Holm over the "
+             f"{n_family} comparison(s): {pval(w.get('p_holm'))}). The interval is the test's "
+             "own: p < 0.05 exactly when 0.5 lies outside it."
+             + (f" ({cell(w['note'])})" if w.get("note") else ""),
+             f"- Length-controlled win rate (AlpacaEval 2.0's GLM, its "
+             f"`length_controlled_minimal`, fitted on these preferences, length term set to "
+             f"zero): {num(w.get('lc_win_rate'))} (length coefficient "
+             f"{num(w.get('theta_len'))})"
+             + (f" ({cell(w['lc_note'])})" if w.get("lc_note") else "") + ".",
+             "- Where each prompt's preference came from: " + (", ".join(
+                 f"{v} {cell(k)}" for k, v in src.items()) or "-")
+             + (f"; {w.get('hard_fallback')} fell back to a hard verdict in at least one "
+                "order (no token probabilities)" if w.get("hard_fallback")
+                and (doc.get("evaluator") or {}).get("verdict") == "weighted" else "") + "."]
+    if doc.get("weighted_power_statement"):
+        lines.append(f"- {cell(doc['weighted_power_statement'])}")
+    return [x for line in lines for x in (line, "")]
 
 
 def _ties(c: dict[str, Any]) -> str:
@@ -71,7 +136,7 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
     agree_text = (f"{num(agree)}, the share of the {prim.get('orders_compared')} prompt(s) asked "
                   "in both orders whose two verdicts named the same answer (low agreement is "
                   "position bias)" if agree is not None else "- (no prompt asked in both orders)")
-    lines = [f"**Primary comparison (pre-specified): {cell(prim['name'])}**",
+    lines = [f"**Primary comparison (pre-specified): {cell(prim['name'])}** (hard verdicts)",
              f"- a = `{cell(prim.get('a'))}`, b = `{cell(prim.get('b'))}`; n = {prim.get('n')}: "
              f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
              f"{prim.get('failures')} failed verdicts.",
@@ -79,18 +144,41 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
              f"{num(prim.get('decisive_rate'))}, exact Clopper-Pearson 95% "
              f"{interval(prim.get('decisive_95'))}, p = {pval(prim.get('p_value'))} "
              f"(unadjusted; Holm over the {n_family} comparison(s) below: "
-             f"{pval(prim.get('p_holm'))}).",
+             f"{pval(prim.get('p_holm'))}). {cell(prim.get('decisive_statement') or '')}",
              f"- Win rate, ties counted as half: {num(prim.get('win_rate'))}, {bootstrap}.",
              f"- Order agreement: {agree_text}.",
              f"- Sensitivity (failed verdicts in, ties half): {num(s.get('failures_as_losses'))} "
              f"with failures as losses, {num(s.get('failures_as_wins'))} as wins.",
-             f"- Length-adjusted win rate (logistic fit on these prompts; not AlpacaEval's "
-             f"length-controlled rate): {num(prim.get('length_adjusted_win_rate'))}, slope "
+             f"- Length-adjusted win rate (our heuristic on the hard outcomes: an unregularized "
+             f"logistic fit with its bootstrap interval; not AlpacaEval's): "
+             f"{num(prim.get('length_adjusted_win_rate'))}, slope "
              f"{num(prim.get('length_slope'))}, bootstrap 95% "
              f"{interval(prim.get('length_adjusted_95'))}"
              + (f" ({cell(prim['length_note'])})" if prim.get("length_note") else "") + "."]
     # One paragraph per line: report.html turns each blank-line block into a paragraph.
     return [x for line in lines for x in (line, "")]
+
+
+WEIGHTED_HEAD = ("| comparison | n | weighted win rate | t 95% interval | p | p (Holm) | "
+                 "length-controlled (AlpacaEval 2.0 GLM) | from probabilities / hard / "
+                 "identical |")
+
+
+def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
+    """One row per comparison: the weighted test, its interval, Holm, the LC rate."""
+    if not any(c.get("weighted") for c in comparisons):
+        return []
+    lines = [WEIGHTED_HEAD, "|" + "---|" * 8]
+    for c in comparisons:
+        w = c.get("weighted") or {}
+        src = w.get("sources") or {}
+        lines.append("| " + " | ".join([
+            cell(c.get("name", "")) + (" (primary)" if c.get("primary") else ""),
+            num(w.get("n")), num(w.get("preference")), interval(w.get("ci95")),
+            pval(w.get("p_value")), pval(w.get("p_holm")), num(w.get("lc_win_rate")),
+            " / ".join(str(src.get(k, 0)) for k in ("probabilities", "hard", "identical")),
+        ]) + " |")
+    return lines
 
 
 TABLE_HEAD = ("| comparison | n | wins / losses / ties | failures | ties: real / order "
@@ -133,7 +221,23 @@ LEGEND = ("Sign test: exact two-sided binomial test of wins against losses, ties
           "length difference, read at zero; the slope is fitted on these prompts alone.")
 
 
-def evaluation_body(doc: dict[str, Any]) -> list[str]:
-    """Warnings, primary comparison, every comparison with the legend."""
-    return [*header_lines(doc), *primary_lines(doc), "**Every comparison (Holm family)**", "",
-            LEGEND, "", *comparison_table(doc.get("comparisons", [])), ""]
+WEIGHTED_LEGEND = ("Weighted win rate: the mean over prompts of p, the evaluator's "
+                   "probability that a is better averaged over both orders (a tie's "
+                   "probability split in half); the one-sample t-test of the mean against "
+                   "0.5 with its own t interval; p (Holm) over every comparison. "
+                   "Length-controlled: AlpacaEval 2.0's length_controlled_minimal GLM on "
+                   "the same p, read with the length term at zero.")
+
+
+def evaluation_body(doc: dict[str, Any], after_lead: list[str] = ()) -> list[str]:
+    """Warnings, the weighted lead (then `after_lead`), the hard-verdict primary comparison,
+    every comparison."""
+    comparisons = doc.get("comparisons", [])
+    weighted = weighted_table(comparisons)
+    return [*header_lines(doc), *weighted_lines(doc), *after_lead,
+            *(["**Every comparison, weighted (Holm family)**", "", WEIGHTED_LEGEND, "",
+               *weighted, ""] if weighted else []),
+            "**Hard verdicts** (each order's verdict text alone; orders that disagree are a "
+            "tie)", "", *power_lines(doc), *primary_lines(doc),
+            "**Every comparison, hard verdicts (Holm family)**", "", LEGEND, "",
+            *comparison_table(comparisons), ""]
