@@ -7,8 +7,9 @@ and the mix at each zeta of `scoring.report_zetas`, `scoring.zeta` and `eval.com
 Per system: accuracy (chosen ranked first; a tie counts as half) with a paired bootstrap 95%
 interval, the sign test of right against wrong (ties out) with its Clopper-Pearson interval,
 the share of ties, the strict accuracy (ties count as wrong), per-domain accuracy with n and
-an interval, and a paired test against numeric on the same pairs (accuracy difference with a
-bootstrap interval; exact McNemar on the discordant pairs, Holm over the systems). A pair
+an interval, and a paired test against numeric on the same pairs (the accuracy difference,
+ties half, with the one-sample t-test of the per-pair differences and its own t interval; Holm
+over the systems). A pair
 whose judgement failed for a system is counted as a failure, not as right or wrong. As a
 reference, "longer answer" ranks by length alone. Fewer ties only help if the winner is right.
 
@@ -159,17 +160,19 @@ def validity_markdown(report: dict) -> str:
               "and counted.", ""]
     lines += systems_table_lines(report["systems"])
     lines += ["", "## Each system against numeric, on the same pairs", "",
-              "Accuracy difference (ties half) with a paired bootstrap 95% interval; exact "
-              "McNemar test on the pairs where only one of the two ranked the better answer "
-              "strictly first; Holm over the systems below.", "",
-              "| system | pairs | accuracy - numeric | bootstrap 95% | only system right | "
-              "only numeric right | McNemar p | p (Holm) |", "|" + "---|" * 8]
+              "Accuracy difference (ties half), the mean over pairs of the system's outcome "
+              "minus numeric's (1 right, 1/2 tie, 0 wrong), with the one-sample t-test of those "
+              "differences against 0 and its own t 95% interval (p < 0.05 exactly when 0 is "
+              "outside it); Holm over the systems below. The strictly-right counts describe "
+              "the pairs where only one ranked the better answer first.", "",
+              "| system | pairs | accuracy - numeric | t 95% | p | p (Holm) | only system "
+              "right | only numeric right |", "|" + "---|" * 8]
     for name, r in report["systems"].items():
         v = r.get("vs_numeric")
         if v:
-            cells = [name, v["n"], fmt(v["accuracy_diff"]), fmt(v["diff_bootstrap_95"]),
-                     v["only_system_right"], v["only_numeric_right"], fmt_p(v["mcnemar_p"]),
-                     fmt_p(v["mcnemar_p_holm"])]
+            cells = [name, v["n"], fmt(v["accuracy_diff"]), fmt(v["diff_95"]),
+                     fmt_p(v["diff_p"]), fmt_p(v["diff_p_holm"]), v["only_system_right"],
+                     v["only_numeric_right"]]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "## Per domain (accuracy, ties half; n; paired bootstrap 95%)", "",
               "| system | domain | n | accuracy | bootstrap 95% |", "|---|---|---|---|---|"]

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from wim.config import Config
 from wim.metrics import system_values
 from wim.scoring import is_tie
-from wim.statistics import binomial_p, bootstrap_interval, bootstrap_note, decisive_interval, holm
+from wim.statistics import (
+    binomial_p,
+    bootstrap_interval,
+    bootstrap_note,
+    decisive_interval,
+    holm,
+    mean_test,
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,8 @@ def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> di
     out = {s: _row(cfg, pairs, o) for s, o in outcomes.items()}
     tests = {s: paired_vs_numeric(cfg, outcomes[s], outcomes["numeric"])
              for s in outcomes if s != "numeric"}
-    for s, p in zip(tests, holm([t["mcnemar_p"] for t in tests.values()]), strict=True):
-        out[s]["vs_numeric"] = {**tests[s], "mcnemar_p_holm": p}
+    for s, p in zip(tests, holm([t["diff_p"] for t in tests.values()]), strict=True):
+        out[s]["vs_numeric"] = {**tests[s], "diff_p_holm": p}
     return out
 
 
@@ -95,23 +102,19 @@ def _row(cfg: Config, pairs: list[GoldPair], outcomes: dict[str, float | None]) 
 def paired_vs_numeric(cfg: Config, system: dict[str, float | None],
                       numeric: dict[str, float | None]) -> dict:
     """One system against numeric on the pairs both scored: the accuracy difference (ties
-    half) with a paired bootstrap interval, and the exact McNemar test on the pairs where
-    exactly one of the two ranked the chosen answer strictly first (ties count as not)."""
-    from statsmodels.stats.contingency_tables import mcnemar
-
+    half), with the one-sample t-test of the per-pair differences against 0 and that test's
+    own 95% interval (`mean_test`), so the test, the interval and the difference are about one
+    quantity. (An exact McNemar test counted only "strictly right" and called 12 pairs scored
+    as a tie against a wrong numeric ranking no difference at all.) The strictly-right
+    discordant counts stay as a description."""
     both = [(system[k], numeric[k]) for k in system
             if system[k] is not None and numeric.get(k) is not None]
     diffs = [a - b for a, b in both]
-    only_system = sum(a == 1.0 and b != 1.0 for a, b in both)
-    only_numeric = sum(b == 1.0 and a != 1.0 for a, b in both)
-    table = [[0, only_system], [only_numeric, 0]]  # only the discordant cells matter
-    p = float(mcnemar(table, exact=True).pvalue) if only_system + only_numeric else 1.0
-    return {"n": len(both), "accuracy_diff": sum(diffs) / len(diffs) if diffs else None,
-            "diff_bootstrap_95": bootstrap_interval(diffs, cfg.seed,
-                                                    cfg.eval.bootstrap_resamples),
-            "diff_bootstrap_note": bootstrap_note(diffs),
-            "only_system_right": only_system, "only_numeric_right": only_numeric,
-            "mcnemar_p": p}
+    test = mean_test(diffs, 0.0)
+    return {"n": len(both), "accuracy_diff": test["mean"], "diff_95": test["ci95"],
+            "diff_p": test["p"], "diff_test": test["test"], "diff_note": test["note"],
+            "only_system_right": sum(a == 1.0 and b != 1.0 for a, b in both),
+            "only_numeric_right": sum(b == 1.0 and a != 1.0 for a, b in both)}
 
 
 def systems_table_lines(systems: dict) -> list[str]:

@@ -6,11 +6,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import QUICKSTART, run_wim, sets
+from scipy.stats import ttest_1samp
 
 from data_gen.validity import load_gold
-from data_gen.validity_table import GoldPair, validity_table
+from data_gen.validity_table import GoldPair, paired_vs_numeric, validity_table
 from wim.config import load_config
 from wim.errors import InputError
 from wim.prompts import load_prompts
@@ -99,7 +101,6 @@ def test_validity_runs_on_the_bundled_gold_set_with_the_bundled_judge(tmp_path: 
 
 def test_paired_test_against_numeric_and_intervals_match_the_libraries():
     from scipy.stats import binomtest
-    from statsmodels.stats.contingency_tables import mcnemar
 
     cfg = load_config(QUICKSTART)
     pairs = [GoldPair(f"g{i}", "ab"[i % 2], "Q", "long chosen", "short") for i in range(12)]
@@ -119,16 +120,31 @@ def test_paired_test_against_numeric_and_intervals_match_the_libraries():
     assert wim["p_value"] == pytest.approx(binomtest(10, 12).pvalue)
     assert "wilson_95" not in wim and wim["bootstrap_95"][0] <= wim["accuracy"]
     # Paired against numeric on the same 12 pairs: wim alone right on g4-g9 (6), numeric
-    # alone right on none; exact McNemar on those discordant pairs.
+    # alone right on none; the t-test of the per-pair differences with its own interval.
     v = wim["vs_numeric"]
     assert (v["n"], v["only_system_right"], v["only_numeric_right"]) == (12, 6, 0)
-    assert v["mcnemar_p"] == pytest.approx(mcnemar([[4, 6], [0, 2]], exact=True).pvalue)
-    assert v["mcnemar_p"] == pytest.approx(2 / 2 ** 6)
-    assert v["accuracy_diff"] == pytest.approx((10 - 5) / 12)
-    lo, hi = v["diff_bootstrap_95"]
-    assert 0 < lo <= v["accuracy_diff"] <= hi
-    assert "mcnemar_p_holm" in v and "vs_numeric" not in numeric
+    diffs = [0.0] * 4 + [0.5] * 2 + [1.0] * 4 + [0.0] * 2
+    t = ttest_1samp(diffs, 0.0)
+    assert v["accuracy_diff"] == pytest.approx((10 - 5) / 12) == pytest.approx(np.mean(diffs))
+    assert v["diff_p"] == pytest.approx(t.pvalue)
+    assert v["diff_95"] == pytest.approx(list(t.confidence_interval()))
+    assert "diff_p_holm" in v and "vs_numeric" not in numeric
     # Every per-domain accuracy has its n and an interval (or says why there is none).
     for d in ("a", "b"):
         dom = wim["by_domain"][d]
         assert dom["n"] == 6 and (dom["bootstrap_95"] or dom["bootstrap_note"])
+
+
+def test_the_paired_test_is_of_the_accuracy_difference_it_sits_beside():
+    """12 pairs scored as a tie by the system and wrong by numeric, 8 right by both: the
+    difference (ties half) is 0.30, and its test must see it (McNemar on "strictly right"
+    said p = 1.0 beside an interval of [0.20, 0.40])."""
+    cfg = load_config(QUICKSTART)
+    system = {f"g{i}": 0.5 if i < 12 else 1.0 for i in range(20)}
+    numeric = {f"g{i}": 0.0 if i < 12 else 1.0 for i in range(20)}
+    v = paired_vs_numeric(cfg, system, numeric)
+    assert v["accuracy_diff"] == pytest.approx(0.30)
+    assert v["diff_p"] < 0.001 and v["diff_95"][0] > 0  # the test and its interval agree
+    t = ttest_1samp([0.5] * 12 + [0.0] * 8, 0.0)
+    assert v["diff_p"] == pytest.approx(t.pvalue)
+    assert (v["only_system_right"], v["only_numeric_right"]) == (0, 0)

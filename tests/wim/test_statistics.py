@@ -17,6 +17,7 @@ from wim.statistics import (
     holm,
     length_adjusted,
     length_adjusted_win_rate,
+    mean_test,
     min_attainable_p_holm,
     power_of,
     prompts_needed,
@@ -175,3 +176,51 @@ def test_summarize_and_holm_fill_the_schema():
     rows = with_holm([row, {**row, "p_value": 0.01}])
     assert [r["p_holm"] for r in rows] == pytest.approx(
         list(multipletests([row["p_value"], 0.01], method="holm")[1]))
+
+
+def test_the_bootstrap_is_seeded_percentile_on_continuous_data():
+    """On skewed continuous data the percentile and BCa intervals differ, and so do two
+    seeds: the interval must be scipy's percentile bootstrap with the given seed."""
+    from scipy.stats import bootstrap
+
+    x = np.random.default_rng(11).lognormal(0.0, 1.0, 40)
+    ours = bootstrap_interval(list(x), seed=3, resamples=2000)
+
+    def ref(method: str, seed: int) -> list[float]:
+        ci = bootstrap((x,), np.mean, n_resamples=2000, confidence_level=0.95, method=method,
+                       rng=np.random.default_rng(seed)).confidence_interval
+        return [ci.low, ci.high]
+
+    assert ours == pytest.approx(ref("percentile", 3), abs=0, rel=1e-12)
+    assert ours != pytest.approx(ref("BCa", 3), abs=1e-3)
+    assert ours != pytest.approx(bootstrap_interval(list(x), seed=4, resamples=2000), abs=1e-4)
+    assert bootstrap_interval(list(x), seed=3, resamples=2000) == ours
+
+
+def test_scipy_is_pinned_where_bootstrap_takes_rng():
+    """`scipy.stats.bootstrap(..., rng=...)` exists from scipy 1.15 on."""
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    scipy = next(Requirement(d) for d in deps["project"]["dependencies"]
+                 if Requirement(d).name == "scipy")
+    assert scipy.specifier.contains("1.15.0") and not scipy.specifier.contains("1.14.1")
+
+
+def test_mean_test_interval_agrees_with_its_p_value():
+    from scipy.stats import ttest_1samp
+
+    rng = np.random.default_rng(5)
+    for shift in (0.0, 0.03, 0.06, 0.1):
+        x = np.clip(0.5 + shift + rng.normal(0, 0.15, 25), 0, 1)
+        out = mean_test(list(x), 0.5)
+        assert out["p"] == pytest.approx(ttest_1samp(x, 0.5).pvalue)
+        lo, hi = out["ci95"]
+        assert (out["p"] < 0.05) == (not lo <= 0.5 <= hi)
+    # No spread: at 0.5 no difference; elsewhere the exact sign test, and no interval.
+    assert mean_test([0.5] * 6)["p"] == 1.0
+    assert mean_test([0.8] * 6)["p"] == pytest.approx(2 / 2 ** 6)
+    assert mean_test([0.8] * 6)["ci95"] is None
