@@ -3,8 +3,8 @@
 `auto` is bfloat16 on CUDA, and on a CPU bfloat16 only when the CPU computes it natively (AMX
 tiles or AVX512-BF16, as torch reports them); elsewhere bfloat16 is emulated and slower than
 float32, so float32 stays. `pick_dtype` is the pure rule; `machine()` asks torch what this
-machine has. The embedder is not covered: it stays float32 (WIM scores are compared to the
-formula to 1e-5).
+machine has. The in-process embedder follows it too (`scoring.dtype`, wim/embedders.py); its
+dtype is part of each stored similarity's key, so dtypes never mix.
 """
 
 from __future__ import annotations
