@@ -123,7 +123,10 @@ class HTTPEmbedder:
         parts = []
         for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, Failure):
-                raise EmbedderError(f"the embeddings server failed: {reply.reason}")
+                raise EmbedderError(
+                    f"the embeddings server failed: {reply.reason}. Scores and similarities "
+                    "written so far are kept; when the server is back, run the same command "
+                    "again to go on.")
             url, vectors = reply
             if vectors.shape[0] != len(chunk):
                 raise EmbedderError(f"{url} answered {vectors.shape[0]} vectors for "
