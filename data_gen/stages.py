@@ -309,22 +309,30 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
 def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[str, Any]:
     """pairs.jsonl plus a saved datasets folder DIR/pairs/ (and push_to_hub when configured),
     each with its dataset card (wim/card.py); DIR/agreement.json when the responses came from
-    a source with its own preferences (data_gen/agreement.py)."""
+    a source with its own preferences (data_gen/agreement.py). scores.jsonl is indexed, then
+    read prompt by prompt in three streaming passes (pairs, card, agreement)."""
     from data_gen.agreement import source_agreement
-    from wim.pairs import build_pairs
+    from wim.card import summarize_scores
+    from wim.pairs import PairCounts, pair_rows
 
     start = time.perf_counter()
-    scores = run.require("scores.jsonl", "wim score")
-    rows, counts = build_pairs(scores, cfg.pairs, seed=cfg.seed)
-    write_records_atomic(run.pairs, rows)
+    scores = RecordIndex(run.scores)
+    if not len(scores):
+        run.require("scores.jsonl", "wim score")  # the clear error: nothing to pair
+    counts = PairCounts()
+    write_records_atomic(run.pairs, pair_rows(scores.groups(), cfg.pairs, counts, seed=cfg.seed))
     stats = counts.as_metrics()
     folder = run.file("pairs")
-    if save_dataset and rows:
+    if save_dataset and counts.pairs:
         _save_dataset(run.pairs, folder)
-    cards = _write_cards(cfg, run, scores, stats)
-    if save_dataset and rows and cfg.export.push_to_hub:
+    cards = _write_cards(cfg, run, summarize_scores(scores.groups(), cfg), stats)
+    if save_dataset and counts.pairs and cfg.export.push_to_hub:
         _push(cfg.export.push_to_hub, folder, cards)
-    agreement = source_agreement(cfg, run, scores)
+    agreement = None
+    if cfg.generation.source is not None:
+        agreement = source_agreement(cfg, run, scores.groups())
+    else:
+        run.file("agreement.json").unlink(missing_ok=True)
     if agreement is not None:
         stats["agreement/pairs"] = agreement["pairs"]
         stats["agreement/label_ties"] = agreement["label_ties"]
@@ -333,20 +341,27 @@ def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[st
     return stats
 
 
-def _write_cards(cfg: Config, run: RunDir, scores: list[dict], counts: dict[str, Any]) -> str:
+def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]) -> str:
     """DIR/pairs/README.md (configs: the saved folder's arrow files) and DIR/pairs.README.md
     (configs: pairs.jsonl) for the Hub; returns the card text the Hub gets (its layout)."""
     from wim.card import render_card
+    from wim.sources import source_license
 
-    source = None  # the generate stage's stats name the source's shape and sha256
-    if cfg.generation.source is not None and run.file("stats/generate.json").is_file():
-        source = json.loads(run.file("stats/generate.json").read_text())
+    source, license_ = None, None  # the generate stage's stats name the source's shape, sha256
+    if cfg.generation.source is not None:
+        if run.file("stats/generate.json").is_file():
+            source = json.loads(run.file("stats/generate.json").read_text())
+        if cfg.card.license is None:
+            license_ = source_license(cfg.generation.source, cfg.generation.source_split)
     folder = run.file("pairs")
     folder.mkdir(exist_ok=True)  # the card is written even when there is no pair
-    (folder / "README.md").write_text(render_card(cfg, scores, counts, "data-*.arrow", source))
-    run.file("pairs.README.md").write_text(render_card(cfg, scores, counts, "pairs.jsonl",
-                                                       source))
-    return render_card(cfg, scores, counts, "data/train-*", source)
+
+    def card(files: str) -> str:
+        return render_card(cfg, summary, counts, files, source, license_)
+
+    (folder / "README.md").write_text(card("data-*.arrow"))
+    run.file("pairs.README.md").write_text(card("pairs.jsonl"))
+    return card("data/train-*")
 
 
 def _save_dataset(jsonl: Path, folder: Path) -> None:

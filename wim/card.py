@@ -2,23 +2,29 @@
 
 In the Hub's dataset-card format: YAML metadata between `---` lines (pretty name, task
 category, size category, tags, `configs` naming the data files, plus a `wim` block with the
-numbers a program may want), then markdown: the mechanical-numbers warning for a bundled
-judge, where the responses came from, the judge (role, model, prompt and its instructions),
-the embedder and zeta, the tie policy and the counts (pairs, ties dropped, failed judgements,
-echoed rubrics), the tie-rate and delta table, the columns, and the config that made the pairs.
-A pure function of its inputs: the caller (data_gen's pairs stage) writes the files.
+numbers a program may want, and the `license`: `card.license`, else the source's own, else
+`unknown`), then markdown: the mechanical-numbers warning for a bundled judge, the license and
+where it came from, where the responses came from, the judge (role, model, prompt and its
+instructions), the embedder and zeta, the tie policy and the counts (pairs, ties dropped,
+failed judgements, echoed rubrics), the tie-rate and delta table, the columns, and the
+config that made the pairs. A pure function of its inputs: the caller (data_gen's pairs
+stage) writes the files.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from wim.config import Config
 from wim.judge_prompts import build_judge_instructions
-from wim.metrics import judge_statistics, pair_statistics
+from wim.metrics import JudgeStatistics, PairStatistics
+from wim.pairs import group_by_prompt
 from wim.report.build import SMALL_JUDGE_NOTE, SMALL_JUDGES
 from wim.rundir import identity
 from wim.statistics import MECHANICAL_WARNING, is_bundled
@@ -41,14 +47,41 @@ def card_config(cfg: Config) -> dict[str, Any]:
             "pairs": data["pairs"]}
 
 
-def render_card(cfg: Config, scored: list[dict[str, Any]], counts: dict[str, int],
-                data_files: str, source: dict[str, Any] | None = None) -> str:
-    """The card's text. `scored`: scores.jsonl; `counts`: the pairs stage's `pairs/...` counts;
-    `data_files`: the glob of the data files next to the card; `source`: the generate stage's
-    stats when the responses came from generation.source (its shape and sha256)."""
-    judge = judge_statistics(scored)
-    stats = pair_statistics(scored, cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
-    judge_model = next((r.get("judge_model") for r in scored if r.get("judge_model")), None)
+@dataclass
+class ScoreSummary:
+    """What the card reads of scores.jsonl, gathered in one streaming pass."""
+
+    judge: dict[str, Any]
+    pairs: dict[str, Any]
+    judge_model: str | None
+    origins: dict[str, int]
+
+
+def summarize_scores(groups: Iterable[list[dict[str, Any]]], cfg: Config) -> ScoreSummary:
+    """One pass over each prompt's scored records (no record is kept)."""
+    judge, pairs = JudgeStatistics(), PairStatistics(cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+    judge_model, origins = None, Counter()
+    for records in groups:
+        pairs.add(records)
+        for r in records:
+            judge.add(r)
+            judge_model = judge_model or r.get("judge_model")
+            origins[r.get("origin") or "(not given)"] += 1
+    return ScoreSummary(judge.result(), pairs.result(), judge_model, dict(origins))
+
+
+def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
+                counts: dict[str, int], data_files: str, source: dict[str, Any] | None = None,
+                source_license: str | None = None) -> str:
+    """The card's text. `scored`: scores.jsonl's records, or their `summarize_scores`;
+    `counts`: the pairs stage's `pairs/...` counts; `data_files`: the glob of the data files
+    next to the card; `source`: the generate stage's stats when the responses came from
+    generation.source (its shape and sha256); `source_license`: the license its own card or
+    dataset info names, if any (`card.license` comes first)."""
+    if not isinstance(scored, ScoreSummary):
+        scored = summarize_scores(group_by_prompt(scored).values(), cfg)
+    judge, stats, judge_model = scored.judge, scored.pairs, scored.judge_model
+    license_, license_from = _license(cfg, source_license)
     n = counts.get("pairs/count", 0)
     facts = {"judge_role": cfg.judge.role, "judge_model": judge_model,
              "judge_mode": cfg.judge.mode, "judge_prompt": cfg.judge.prompt,
@@ -60,8 +93,9 @@ def render_card(cfg: Config, scored: list[dict[str, Any]], counts: dict[str, int
              "judge_parse_failed": judge["judge/parse_failed"],
              "echoed_rubrics": judge["judge/echoed_rubric"],
              "responses_from": cfg.generation.source or "sampled by the policy",
-             "mechanical_numbers": is_bundled(judge_model)}
-    meta = {"pretty_name": "WIM preference pairs", "task_categories": ["text-generation"],
+             "mechanical_numbers": is_bundled(judge_model), "license_from": license_from}
+    meta = {"pretty_name": "WIM preference pairs", "license": license_,
+            "task_categories": ["text-generation"],
             "tags": ["dpo", "preference", "rlhf", "wim", "synthetic"],
             "size_categories": [size_category(n)],
             "configs": [{"config_name": "default",
@@ -77,7 +111,8 @@ def render_card(cfg: Config, scored: list[dict[str, Any]], counts: dict[str, int
               "What Is Missing (WIM) scores: a judge writes what is missing from each response "
               "and a 1-10 rating; score = (1 - zeta) * rating_norm + zeta * cos(E(response), "
               "E(critique)), with rating_norm = (N - 5) / 5.", ""]
-    lines += _source_lines(cfg, scored, source or {})
+    lines += _license_lines(license_, license_from)
+    lines += _source_lines(cfg, scored.origins, source or {})
     lines += _judge_lines(cfg, judge_model)
     lines += _count_lines(cfg, counts, judge)
     lines += _table_lines(cfg, stats)
@@ -91,17 +126,34 @@ def render_card(cfg: Config, scored: list[dict[str, Any]], counts: dict[str, int
     return "\n".join(lines)
 
 
-def _source_lines(cfg: Config, scored: list[dict[str, Any]], source: dict[str, Any]
+def _license(cfg: Config, source_license: str | None) -> tuple[str, str]:
+    """(license id, where it came from: `card.license`, `source` or `unknown`)."""
+    if cfg.card.license:
+        return cfg.card.license, "card.license"
+    if source_license:
+        return source_license, "source"
+    return "unknown", "unknown"
+
+
+def _license_lines(license_: str, license_from: str) -> list[str]:
+    if license_from == "card.license":
+        return [f"License: `{license_}` (set by `card.license`).", ""]
+    if license_from == "source":
+        return [f"License: `{license_}`, as the source's own card gives it. The responses keep "
+                "their source's terms; set `card.license` to state another.", ""]
+    return ["License: **unknown**. Nothing set it: `card.license` is null and the responses' "
+            "source names none. Set `card.license` to the license these pairs may be shared "
+            "under (the prompts', responses' and judge's terms all apply) before publishing.",
+            ""]
+
+
+def _source_lines(cfg: Config, origins: dict[str, int], source: dict[str, Any]
                   ) -> list[str]:
     if cfg.generation.source is None:
         return ["## Responses", "",
                 f"Sampled by the policy `{cfg.policy.model}`: k={cfg.generation.k} per prompt, "
                 f"temperature {cfg.generation.temperature:g}, top_p {cfg.generation.top_p:g}, "
                 f"at most {cfg.generation.max_new_tokens} new tokens.", ""]
-    origins: dict[str, int] = {}
-    for r in scored:
-        name = r.get("origin") or "(not given)"
-        origins[name] = origins.get(name, 0) + 1
     listed = ", ".join(f"`{k}` ({v})" for k, v in sorted(origins.items()))
     return ["## Responses", "",
             f"Not sampled: read from `{cfg.generation.source}` (shape "

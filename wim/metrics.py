@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 from typing import Any
 
 from wim.pairs import group_by_prompt
@@ -45,41 +44,93 @@ def _sign(x: float, tol: float) -> int:
     return 0 if is_tie(x, tol) else (1 if x > 0 else -1)
 
 
-def _summaries(groups: dict[str, list[dict]], systems: list[str], tol: float) -> dict[str, float]:
-    ties, deltas, spreads = defaultdict(int), defaultdict(list), defaultdict(list)
-    no_pair = defaultdict(int)
-    agree, both = defaultdict(int), defaultdict(int)
-    for values in groups.values():
-        for s in systems:
+class _Summary:
+    """Running tie rate, deltas and agreement of one set of prompts, per system (no lists)."""
+
+    def __init__(self, systems: list[str], tol: float) -> None:
+        self.systems, self.tol, self.groups = systems, tol, 0
+        zero = dict.fromkeys(systems, 0)
+        self.ties, self.n, self.no_pair = dict(zero), dict(zero), dict(zero)
+        self.agree, self.both, self.spread_n = dict(zero), dict(zero), dict(zero)
+        self.delta, self.spread = dict.fromkeys(systems, 0.0), dict.fromkeys(systems, 0.0)
+
+    def add(self, values: list[dict[str, float]]) -> None:
+        """One prompt's samples' values."""
+        self.groups += 1
+        tol = self.tol
+        for s in self.systems:
             vals = [v[s] for v in values if s in v]
             if len(vals) < 2 or is_tie(max(vals) - min(vals), tol):
-                no_pair[s] += 1
+                self.no_pair[s] += 1
             if len(vals) >= 2:
-                spreads[s].append(max(vals) - min(vals))
+                self.spread[s] += max(vals) - min(vals)
+                self.spread_n[s] += 1
         for a, b in itertools.combinations(values, 2):
-            for s in systems:
+            for s in self.systems:
                 if s not in a or s not in b:
                     continue
                 d = a[s] - b[s]
-                deltas[s].append(abs(d))
-                ties[s] += is_tie(d, tol)
+                self.delta[s] += abs(d)
+                self.n[s] += 1
+                self.ties[s] += is_tie(d, tol)
                 if s != "numeric" and "numeric" in a and "numeric" in b:
                     sn, ss = _sign(a["numeric"] - b["numeric"], tol), _sign(d, tol)
                     if sn and ss:
-                        both[s] += 1
-                        agree[s] += sn == ss
-    out: dict[str, float] = {}
-    for s in systems:
-        n = len(deltas[s])
-        out[f"tie_rate/{s}"] = ties[s] / n if n else math.nan
-        out[f"delta/{s}"] = sum(deltas[s]) / n if n else math.nan
-        spread = spreads[s]
-        out[f"delta_best_worst/{s}"] = sum(spread) / len(spread) if spread else math.nan
-        out[f"no_pair_share/{s}"] = no_pair[s] / len(groups) if groups else math.nan
-        out[f"sample_pairs/{s}"] = n
-        if s != "numeric":
-            out[f"agreement/{s}"] = agree[s] / both[s] if both[s] else math.nan
-    return out
+                        self.both[s] += 1
+                        self.agree[s] += sn == ss
+
+    def result(self, systems: list[str]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in systems:
+            n = self.n[s]
+            out[f"tie_rate/{s}"] = self.ties[s] / n if n else math.nan
+            out[f"delta/{s}"] = self.delta[s] / n if n else math.nan
+            out[f"delta_best_worst/{s}"] = (self.spread[s] / self.spread_n[s] if self.spread_n[s]
+                                            else math.nan)
+            out[f"no_pair_share/{s}"] = self.no_pair[s] / self.groups if self.groups else math.nan
+            out[f"sample_pairs/{s}"] = n
+            if s != "numeric":
+                out[f"agreement/{s}"] = self.agree[s] / self.both[s] if self.both[s] else math.nan
+        return out
+
+
+class PairStatistics:
+    """`pair_statistics` one prompt at a time: `add` each prompt's scored records, then
+    `result()`. Holds counters per system and domain, never the records."""
+
+    def __init__(self, zeta: float, zetas: list[float], tol: float = 1e-6) -> None:
+        self.zeta, self.zetas, self.tol = zeta, list(zetas), tol
+        self._base = ["numeric", "wim", "mixed"]
+        self._sweep = [f"zeta={z:g}" for z in self.zetas]
+        self._all = _Summary(self._base + self._sweep, tol)
+        self._domains: dict[str, _Summary] = {}
+        self._present: set[str] = set()
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        values = [system_values(r, self.zeta, self.zetas) for r in records]
+        for v in values:
+            self._present.update(v)
+        self._all.add(values)
+        domain = records[0].get("domain") or "none"
+        if domain not in self._domains:
+            self._domains[domain] = _Summary(self._base, self.tol)
+        self._domains[domain].add(values)
+
+    def result(self) -> dict[str, float]:
+        systems = [s for s in self._base if s in self._present]
+        sweep = [s for s in self._sweep if s in self._present]
+        out: dict[str, float] = {}
+        for key, value in self._all.result(systems + sweep).items():
+            metric, system = key.split("/", 1)
+            if system.startswith("zeta="):
+                out[f"zeta/{system[5:]}/{metric}"] = value
+            else:
+                out[f"pairs/{metric}/{system}"] = value
+        for domain, summary in sorted(self._domains.items()):
+            for key, value in summary.result(systems).items():
+                if key.startswith(("tie_rate/", "delta/", "agreement/")):
+                    out[f"domain/{domain_key(domain)}/{key}"] = value
+        return out
 
 
 def pair_statistics(
@@ -89,46 +140,47 @@ def pair_statistics(
 
     `tol` is `pairs.tie_tolerance`, on the 1-10 scale, so the report counts ties as the pairs do.
     """
-    groups = group_by_prompt(scored)
-    values = {pid: [system_values(r, zeta, zetas) for r in recs] for pid, recs in groups.items()}
-    present = {name for vals in values.values() for v in vals for name in v}
-    systems = [s for s in ("numeric", "wim", "mixed") if s in present]
-    sweep = [f"zeta={z:g}" for z in zetas if f"zeta={z:g}" in present]
-    out: dict[str, float] = {}
-    for key, value in _summaries(values, systems + sweep, tol).items():
-        metric, system = key.split("/", 1)
-        if system.startswith("zeta="):
-            out[f"zeta/{system[5:]}/{metric}"] = value
-        else:
-            out[f"pairs/{metric}/{system}"] = value
-    domains = defaultdict(dict)
-    for pid, recs in groups.items():
-        domains[recs[0].get("domain") or "none"][pid] = values[pid]
-    for domain, dom_values in sorted(domains.items()):
-        for key, value in _summaries(dom_values, systems, tol).items():
-            if key.startswith(("tie_rate/", "delta/", "agreement/")):
-                out[f"domain/{domain_key(domain)}/{key}"] = value
-    return out
+    stats = PairStatistics(zeta, zetas, tol)
+    for records in group_by_prompt(scored).values():
+        stats.add(records)
+    return stats.result()
+
+
+class JudgeStatistics:
+    """`judge_statistics` one judgement at a time (`add`), counters only."""
+
+    def __init__(self) -> None:
+        self.n = self.failed = self.retried = self.nothing = self.echoed = self.ever = 0
+        self.attempts = 0
+
+    def add(self, j: dict[str, Any]) -> None:
+        self.n += 1
+        self.failed += not j["parse_ok"]
+        self.retried += j.get("attempts", 1) > 1
+        self.nothing += bool(j["parse_ok"] and j.get("critique") == "")
+        self.echoed += ECHOED_RUBRIC in (j.get("parse_error") or "")
+        self.ever += j.get("echoed_attempts", 0) > 0
+        self.attempts += j.get("attempts", 1)
+
+    def result(self) -> dict[str, float]:
+        n = self.n
+        return {
+            "judge/count": n,
+            "judge/parse_failed": self.failed,
+            "judge/parse_fail_rate": self.failed / n if n else math.nan,
+            "judge/echoed_rubric": self.echoed,
+            "judge/echoed_rubric_rate": self.echoed / n if n else math.nan,
+            "judge/echoed_rubric_any_attempt": self.ever,
+            "judge/echoed_rubric_any_attempt_rate": self.ever / n if n else math.nan,
+            "judge/retried": self.retried,
+            # Asks per recorded judgement (1 = every verdict parsed at the first attempt).
+            "judge/attempts_per_judgement": self.attempts / n if n else math.nan,
+            "judge/nothing_missing_rate": self.nothing / n if n else math.nan,
+        }
 
 
 def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
-    n = len(judgements)
-    failed = sum(not j["parse_ok"] for j in judgements)
-    retried = sum(j.get("attempts", 1) > 1 for j in judgements)
-    nothing = sum(j["parse_ok"] and j.get("critique") == "" for j in judgements)
-    echoed = sum(ECHOED_RUBRIC in (j.get("parse_error") or "") for j in judgements)
-    ever = sum(j.get("echoed_attempts", 0) > 0 for j in judgements)
-    return {
-        "judge/count": n,
-        "judge/parse_failed": failed,
-        "judge/parse_fail_rate": failed / n if n else math.nan,
-        "judge/echoed_rubric": echoed,
-        "judge/echoed_rubric_rate": echoed / n if n else math.nan,
-        "judge/echoed_rubric_any_attempt": ever,
-        "judge/echoed_rubric_any_attempt_rate": ever / n if n else math.nan,
-        "judge/retried": retried,
-        # Asks per recorded judgement (1 = every verdict parsed at the first attempt).
-        "judge/attempts_per_judgement": (sum(j.get("attempts", 1) for j in judgements) / n
-                                         if n else math.nan),
-        "judge/nothing_missing_rate": nothing / n if n else math.nan,
-    }
+    stats = JudgeStatistics()
+    for j in judgements:
+        stats.add(j)
+    return stats.result()

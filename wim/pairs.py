@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +59,18 @@ def build_pairs(
     scored: list[dict[str, Any]], cfg: PairsConfig, seed: int = 0
 ) -> tuple[list[dict[str, Any]], PairCounts]:
     """Pair rows (with audit columns) and the counts of what happened to each prompt."""
-    rng = random.Random(seed)
     counts = PairCounts()
-    rows = []
-    for records in group_by_prompt(scored).values():
+    rows = list(pair_rows(group_by_prompt(scored).values(), cfg, counts, seed))
+    return rows, counts
+
+
+def pair_rows(groups: Iterable[list[dict[str, Any]]], cfg: PairsConfig, counts: PairCounts,
+              seed: int = 0) -> Iterator[dict[str, Any]]:
+    """The pair rows of each prompt's records (sorted by sample_idx), as they come; `counts`
+    is filled in as the rows are taken (complete once the iterator is exhausted). The same
+    groups in the same order give the same rows as `build_pairs`."""
+    rng = random.Random(seed)
+    for records in groups:
         counts.prompts += 1
         usable = [r for r in records if r.get("score") is not None]
         if len(usable) < 2:
@@ -70,9 +79,8 @@ def build_pairs(
         for a, b in _candidates(usable, cfg, rng):
             chosen, rejected = _order(a, b, cfg, rng, counts)
             if chosen is not None:
-                rows.append(pair_row(chosen, rejected))
-    counts.pairs = len(rows)
-    return rows, counts
+                counts.pairs += 1
+                yield pair_row(chosen, rejected)
 
 
 def _candidates(usable, cfg: PairsConfig, rng: random.Random):

@@ -319,6 +319,58 @@ def _hub_revision(source: str) -> str:
     return str(sha)
 
 
+def source_license(source: str, split: str = "train") -> str | None:
+    """The license a source names for itself, or None: a saved folder's dataset info
+    (`license` in dataset_info.json) or the YAML head of its README.md; a Hub dataset's card
+    (`license`, asked only when the Hub answers). A plain file names none."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return None
+    if path.is_dir():
+        for folder in (path, path / split):
+            info = folder / "dataset_info.json"
+            try:
+                found = json.loads(info.read_text()).get("license") if info.is_file() else None
+            except (OSError, ValueError, AttributeError):
+                found = None
+            found = found or _readme_license(folder / "README.md")
+            if found:
+                return str(found).strip()
+        return None
+    if hub_offline_reason() is not None:
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        data = HfApi().dataset_info(source, timeout=10).card_data
+        found = data.get("license") if data is not None else None
+    except Exception:  # no card, no network: the card then says the license is unknown
+        return None
+    if isinstance(found, list):
+        found = found[0] if len(found) == 1 else None
+    return str(found) if found else None
+
+
+def _readme_license(readme: Path) -> str | None:
+    try:
+        text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("---"):
+        return None
+    head = text.split("---", 2)[1] if text.count("---") >= 2 else ""
+    try:
+        import yaml
+
+        meta = yaml.safe_load(head) or {}
+    except yaml.YAMLError:
+        return None
+    found = meta.get("license") if isinstance(meta, dict) else None
+    if isinstance(found, list):
+        found = found[0] if len(found) == 1 else None
+    return str(found) if found else None
+
+
 def _add_file(digest, path: Path) -> None:
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -6,7 +6,8 @@ with the file and the dotted key, so a typo never silently falls back to a defau
 
 `Config` (here) holds one dataclass per YAML section, grouped by the stage that reads them:
 sampling.py (prompts, policy, generation), endpoints.py (http, judge.http), judging.py (judge,
-scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval) and
+scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval),
+output.py (card, report) and
 wim/refine/config.py (refine). checks.py: range, choice and combination checks;
 yaml_dataclasses.py: YAML into dataclasses. Import any of them from `wim.config`.
 """
@@ -25,16 +26,17 @@ from wim.config.dpo import DPOSection, LoraConfig, TrainingConfig, WandbConfig
 from wim.config.endpoints import HTTPConfig, JudgeHTTPConfig
 from wim.config.evaluation import BlindConfig, EvalConfig
 from wim.config.judging import ExportConfig, JudgeConfig, PairsConfig, ScoringConfig
+from wim.config.output import CardConfig, ReportConfig
 from wim.config.sampling import GenerationConfig, PolicyConfig, PromptsConfig
 from wim.config.yaml_dataclasses import apply_overrides, build_dataclass, read_yaml
 from wim.errors import ConfigError
 from wim.refine.config import RefineConfig
 
-__all__ = ["BlindConfig", "Config", "ConfigError", "DPOSection", "EvalConfig", "ExportConfig",
-           "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig", "LoraConfig",
-           "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig", "ScoringConfig",
-           "TrainingConfig", "WandbConfig", "apply_overrides", "config_from_dict", "judge_http",
-           "load_config", "read_yaml", "scoring_http"]
+__all__ = ["BlindConfig", "CardConfig", "Config", "ConfigError", "DPOSection", "EvalConfig",
+           "ExportConfig", "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig",
+           "LoraConfig", "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig",
+           "ReportConfig", "ScoringConfig", "TrainingConfig", "WandbConfig", "apply_overrides",
+           "config_from_dict", "judge_http", "load_config", "read_yaml", "scoring_http"]
 
 
 @dataclass
@@ -71,6 +73,10 @@ class Config:
     """Optional Weights & Biases logging."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """Where the pairs dataset is also published."""
+    card: CardConfig = field(default_factory=CardConfig)
+    """The dataset card of the pairs (its license)."""
+    report: ReportConfig = field(default_factory=ReportConfig)
+    """The run report (how many prompts report.html's critique browser shows)."""
     refine: RefineConfig = field(default_factory=RefineConfig)
     """`wim refine`: the controlled refinement loop and its stopping policies."""
 

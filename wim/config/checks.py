@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wim.config.output import validate_output
 from wim.errors import ConfigError
 
 _CHOICES = {
@@ -94,6 +95,8 @@ def validate(cfg, source: str = "config") -> None:
     if hasattr(cfg, "refine"):
         _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
+    if hasattr(cfg, "report"):
+        validate_output(cfg, fail)
 
 
 def _validate_eval(cfg, fail) -> None:

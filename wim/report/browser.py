@@ -1,5 +1,7 @@
 """The data of the critique browser in report.html: one entry per preference pair, plus one per
-prompt that gave no pair (its best and worst samples tied, or too few judgements parsed).
+prompt that gave no pair (its best and worst samples tied, or too few judgements parsed), for
+at most `report.browser_prompts` prompts (failed judgements first, then a seeded sample), so
+that the page of a 100k-prompt run stays a few MB; the full data stays in the jsonl files.
 
 Built from the run directory alone: scores.jsonl (every judgement with its scores; judgements.jsonl
 when the run was never scored), pairs.jsonl (which samples were paired). Failed judgements are
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections import defaultdict
 from typing import Any
 
 from wim.metrics import system_values
-from wim.records import read_records
+from wim.records import RecordIndex, iter_records
 from wim.rundir import RunDir
 from wim.scoring import is_tie, ten_point_gap, to_ten_point
 
@@ -46,59 +49,85 @@ def _prompt_text(record: dict[str, Any]) -> str:
     return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
 
 
-def browser_entries(run: RunDir, zeta: float, tie_tolerance: float) -> list[dict[str, Any]]:
-    """Entries in prompt order. `kind` is `pair` (a row of pairs.jsonl), `tie` (a prompt whose
-    best and worst samples tied: no pair) or `unpaired` (fewer than two judgements parsed).
-    `tie` and `failed` mark ties (also a kept tie, under `pairs.tie_policy` first/random) and
-    prompts with a judgement that failed to parse; `numeric_tie` marks a pair whose ratings
-    alone would have tied (a pair that only the critique could separate)."""
-    records = read_records(run.scores) or read_records(run.judgements)
-    by_prompt: dict[str, dict[int, dict]] = defaultdict(dict)
-    for r in records:
-        by_prompt[str(r["prompt_id"])][int(r["sample_idx"])] = r
+def browser_entries(run: RunDir, zeta: float, tie_tolerance: float, limit: int | None = None,
+                    seed: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """(entries, prompts in the run). At most `limit` prompts (`report.browser_prompts`) get
+    entries: every prompt with a failed judgement first, then a sample of the others drawn
+    with `seed`; shown in prompt order. The records are indexed (offsets) and only the shown
+    prompts' records and pair rows are read. `kind` is `pair` (a row of pairs.jsonl), `tie` (a
+    prompt whose best and worst samples tied: no pair) or `unpaired` (fewer than two judgements
+    parsed). `tie` and `failed` mark ties (also a kept tie, under `pairs.tie_policy`
+    first/random) and prompts with a judgement that failed to parse; `numeric_tie` marks a pair
+    whose ratings alone would have tied (a pair that only the critique could separate)."""
+    index = RecordIndex(run.scores)
+    if not len(index):
+        index = RecordIndex(run.judgements)
+    ids = index.prompt_ids()
+    failed_ids = {str(r["prompt_id"]) for _, r in iter_records(index.path)
+                  if not r.get("parse_ok", True)}
+    shown = _choose(ids, failed_ids, limit, seed)
     pairs_by_prompt: dict[str, list[dict]] = defaultdict(list)
-    for p in read_records(run.pairs):
-        pairs_by_prompt[str(p["prompt_id"])].append(p)
+    for _, p in iter_records(run.pairs):
+        if str(p["prompt_id"]) in shown:
+            pairs_by_prompt[str(p["prompt_id"])].append(p)
     entries: list[dict[str, Any]] = []
-    for pid, samples in by_prompt.items():
-        first = samples[min(samples)]
-        failed = [r for r in samples.values() if not r.get("parse_ok", True)]
-        base = {"prompt_id": pid, "domain": str(first.get("domain") or ""),
-                "prompt": _prompt_text(first), "failed": bool(failed)}
-        for pair in pairs_by_prompt.get(pid, []):
-            chosen = samples.get(int(pair["chosen_sample_idx"]))
-            rejected = samples.get(int(pair["rejected_sample_idx"]))
-            if chosen is None or rejected is None:  # pairs from another scoring: show the row
-                chosen = {**pair, "response": pair["chosen"][0]["content"],
-                          "critique": pair.get("chosen_critique"),
-                          "rating": pair.get("chosen_rating"), "score": pair.get("chosen_score")}
-                rejected = {**pair, "response": pair["rejected"][0]["content"],
-                            "critique": pair.get("rejected_critique"),
-                            "rating": pair.get("rejected_rating"),
-                            "score": pair.get("rejected_score")}
-            gap = ten_point_gap(pair["chosen_score"], pair["rejected_score"])
-            sides = [_side(chosen, "chosen", zeta), _side(rejected, "rejected", zeta)]
-            numeric = [s["numeric"] for s in sides]
-            entries.append({**base, "kind": "pair", "tie": is_tie(gap, tie_tolerance),
-                            "numeric_tie": None not in numeric
-                            and is_tie(numeric[0] - numeric[1], tie_tolerance),
-                            "sides": sides, "failures": _failures(failed, sides, zeta)})
-        if pid in pairs_by_prompt:
-            continue
-        usable = [r for r in samples.values() if r.get("score") is not None]
-        if len(usable) >= 2:
-            best = max(usable, key=lambda r: r["score"])
-            worst = min((r for r in usable if r is not best), key=lambda r: r["score"])
-            sides = [_side(best, "best", zeta), _side(worst, "worst", zeta)]
-            entries.append({**base, "kind": "tie", "tie": True, "sides": sides,
-                            "failures": _failures(failed, sides, zeta)})
-        else:
-            sides = [_side(r, f"sample {i}", zeta) for i, r in sorted(samples.items())]
-            entries.append({**base, "kind": "unpaired", "tie": False, "sides": sides,
-                            "failures": []})
+    for group in index.groups():
+        pid = str(group[0]["prompt_id"])
+        if pid in shown:
+            entries += _entries(pid, {int(r["sample_idx"]): r for r in group},
+                                pairs_by_prompt.get(pid, []), zeta, tie_tolerance)
     for number, entry in enumerate(entries):
         entry["id"] = number
-    return entries
+    return entries, len(ids)
+
+
+def _choose(ids: list[str], failed: set[str], limit: int | None, seed: int) -> set[str]:
+    """The prompts the browser shows: all when they fit, else those with a failed judgement
+    first, then a seeded sample of the rest."""
+    if limit is None or len(ids) <= limit:
+        return set(ids)
+    first = [pid for pid in ids if pid in failed][:limit]
+    others = [pid for pid in ids if pid not in failed]
+    return set(first) | set(random.Random(seed).sample(others, limit - len(first)))
+
+
+def _entries(pid: str, samples: dict[int, dict], pairs: list[dict], zeta: float,
+             tie_tolerance: float) -> list[dict[str, Any]]:
+    """One prompt's entries: one per pair row, or one `tie` / `unpaired` entry."""
+    first = samples[min(samples)]
+    failed = [r for r in samples.values() if not r.get("parse_ok", True)]
+    base = {"prompt_id": pid, "domain": str(first.get("domain") or ""),
+            "prompt": _prompt_text(first), "failed": bool(failed)}
+    entries: list[dict[str, Any]] = []
+    for pair in pairs:
+        chosen = samples.get(int(pair["chosen_sample_idx"]))
+        rejected = samples.get(int(pair["rejected_sample_idx"]))
+        if chosen is None or rejected is None:  # pairs from another scoring: show the row
+            chosen = {**pair, "response": pair["chosen"][0]["content"],
+                      "critique": pair.get("chosen_critique"),
+                      "rating": pair.get("chosen_rating"), "score": pair.get("chosen_score")}
+            rejected = {**pair, "response": pair["rejected"][0]["content"],
+                        "critique": pair.get("rejected_critique"),
+                        "rating": pair.get("rejected_rating"),
+                        "score": pair.get("rejected_score")}
+        gap = ten_point_gap(pair["chosen_score"], pair["rejected_score"])
+        sides = [_side(chosen, "chosen", zeta), _side(rejected, "rejected", zeta)]
+        numeric = [s["numeric"] for s in sides]
+        entries.append({**base, "kind": "pair", "tie": is_tie(gap, tie_tolerance),
+                        "numeric_tie": None not in numeric
+                        and is_tie(numeric[0] - numeric[1], tie_tolerance),
+                        "sides": sides, "failures": _failures(failed, sides, zeta)})
+    if pairs:
+        return entries
+    usable = [r for r in samples.values() if r.get("score") is not None]
+    if len(usable) >= 2:
+        best = max(usable, key=lambda r: r["score"])
+        worst = min((r for r in usable if r is not best), key=lambda r: r["score"])
+        sides = [_side(best, "best", zeta), _side(worst, "worst", zeta)]
+        return [{**base, "kind": "tie", "tie": True, "sides": sides,
+                 "failures": _failures(failed, sides, zeta)}]
+    sides = [_side(r, f"sample {i}", zeta) for i, r in sorted(samples.items())]
+    return [{**base, "kind": "unpaired", "tie": False, "sides": sides, "failures": []}]
 
 
 def _failures(failed: list[dict], sides: list[dict], zeta: float) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 from wim.config import Config
-from wim.metrics import domain_name, judge_statistics, pair_statistics
-from wim.records import RecordsError, read_keyed
+from wim.metrics import JudgeStatistics, PairStatistics, domain_name
+from wim.records import RecordIndex, RecordsError, iter_keyed
 from wim.report.sections import (
     agreement_lines,
     collect_rounds,
@@ -45,15 +45,25 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
             stats = json.loads(path.read_text())
             stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
             report.update(stats)
-    judgements = read_keyed(run.judgements)
-    scores = run.require("scores.jsonl", "wim score")
-    report.update(judge_statistics(judgements))
-    report.update(pair_statistics(scores, cfg.scoring.zeta, cfg.scoring.report_zetas,
-                                  cfg.pairs.tie_tolerance))
+    # One streaming pass over each file: counters, never the records.
+    judge, judge_model, served_set = JudgeStatistics(), None, set()
+    for number, (_, j) in enumerate(iter_keyed(run.judgements)):
+        judge.add(j)
+        judge_model = j["judge_model"] if number == 0 else judge_model
+        if j.get("judge_served_model"):
+            served_set.add(j["judge_served_model"])
+    scores = RecordIndex(run.scores)
+    if not len(scores):
+        run.require("scores.jsonl", "wim score")  # the clear error: nothing to report on
+    pairs = PairStatistics(cfg.scoring.zeta, cfg.scoring.report_zetas, cfg.pairs.tie_tolerance)
+    for group in scores.groups():
+        pairs.add(group)
+    report.update(judge.result())
+    report.update(pairs.result())
     report["tokens/generated"] = report.get("tokens/policy/out", 0)
     report["judge/role"] = cfg.judge.role
-    report["judge/model"] = judgements[0]["judge_model"] if judgements else None
-    served = sorted({j["judge_served_model"] for j in judgements if j.get("judge_served_model")})
+    report["judge/model"] = judge_model
+    served = sorted(served_set)
     if served:
         report["judge/served_model"] = ", ".join(served)
     report["judge/mode"] = cfg.judge.mode
@@ -85,9 +95,11 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     plots = make_plots(cfg, run, clean, evaluation)
     markdown = render_markdown(clean, cfg, plots, evaluation, read_agreement(run))
     run.file("report.md").write_text(markdown)
-    entries = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance)
+    entries, prompts = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance,
+                                       cfg.report.browser_prompts, cfg.seed)
     run.file("report.html").write_text(
-        render_html(markdown, run.path, entries, small_judge=is_small_judge(clean)))
+        render_html(markdown, run.path, entries, small_judge=is_small_judge(clean),
+                    total_prompts=prompts))
     return clean
 
 

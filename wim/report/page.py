@@ -102,8 +102,9 @@ def markdown_to_html(markdown: str, base: Path) -> str:
 
 
 def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
-                small_judge: bool) -> str:
-    """The whole page: the report, then the critique browser over `entries`."""
+                small_judge: bool, total_prompts: int | None = None) -> str:
+    """The whole page: the report, then the critique browser over `entries` (the entries of
+    some of the run's `total_prompts` prompts; all of them when None)."""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -116,15 +117,17 @@ def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
 <body>
 <main>
 {markdown_to_html(markdown, base)}
-{_browser(entries, small_judge)}
+{_browser(entries, small_judge, total_prompts)}
 </main>
 </body>
 </html>
 """
 
 
-def _browser(entries: list[dict[str, Any]], small_judge: bool) -> str:
-    """The critique browser: filters, an empty list that report.js fills, and its data."""
+def _browser(entries: list[dict[str, Any]], small_judge: bool,
+             total_prompts: int | None = None) -> str:
+    """The critique browser: how many prompts it shows, filters, an empty list that report.js
+    fills, and its data."""
     warning = ("<div class='note warning banner' role='alert'><strong>Mechanical numbers."
                "</strong> The judge is the bundled 135M model: these ratings and critiques "
                "are close to noise. They show that every stage runs, not that WIM beats "
@@ -133,11 +136,19 @@ def _browser(entries: list[dict[str, Any]], small_judge: bool) -> str:
     options = "".join(f"<option value='{html.escape(d, quote=True)}'>{html.escape(d or '(none)')}"
                       "</option>" for d in domains)
     counts = {k: sum(e["kind"] == k for e in entries) for k in ("pair", "tie", "unpaired")}
+    prompts = len({e["prompt_id"] for e in entries})
+    total = prompts if total_prompts is None else total_prompts
+    showing = (f"Showing {prompts:,} of {total:,} prompts"
+               + ("." if prompts == total else
+                  ": every prompt with a failed judgement first, then a seeded sample of the "
+                  "others (`report.browser_prompts`). Every record is in scores.jsonl and "
+                  "pairs.jsonl."))
     return f"""
 <section id="browser">
 <h2>Critique browser</h2>
 {warning}
-<p>Every preference pair ({counts['pair']}) with its prompt, both responses, both critiques and
+<p id="browser-showing">{html.escape(showing)}</p>
+<p>Each preference pair ({counts['pair']} shown) with its prompt, both responses, both critiques and
 all the scores: the judge's rating, then on the 1-10 scale (x * 5 + 5) numeric (the rating),
 WIM (the similarity of response and critique), mixed (the zeta mix) and the ranking score the
 pairs were built from, plus the prompts that gave no pair: {counts['tie']} whose best and worst

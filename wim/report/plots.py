@@ -9,6 +9,8 @@ not drawn (the function returns None).
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +42,17 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def score_values(scores: list[dict[str, Any]], zeta: float) -> dict[str, list[float]]:
-    """The 1-10 value (`x * 5 + 5`) of every scored sample under each system."""
-    out: dict[str, list[float]] = {"numeric": [], "wim": [], "mixed": []}
+def score_values(scores: Iterable[dict[str, Any]], zeta: float) -> dict[str, array]:
+    """The 1-10 value (`x * 5 + 5`) of every scored sample under each system (arrays of
+    doubles: 8 bytes a value, read from a stream of records)."""
+    out: dict[str, array] = {"numeric": array("d"), "wim": array("d"), "mixed": array("d")}
     for record in scores:
         for system, value in system_values(record, zeta, []).items():
             out[system].append(value)
     return {s: v for s, v in out.items() if v}
 
 
-def plot_score_distributions(scores: list[dict[str, Any]], zeta: float,
+def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
                              path: Path) -> dict[str, Any] | None:
     """Numeric vs WIM (vs mixed) score histograms on the 1-10 scale: the paper's key picture.
 
@@ -228,12 +231,13 @@ def make_plots(cfg, run, report: dict[str, Any],
                evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
     """Draw every plot the run directory has data for; (relative path, caption) of each PNG
     in DIR/plots/, ours first, then any other PNG found there."""
-    from wim.records import read_keyed
+    from wim.records import iter_keyed
 
     folder = run.file("plots")
     for name in OWN_PLOTS:  # a plot without data this time must not survive from before
         (folder / name).unlink(missing_ok=True)
-    plot_score_distributions(read_keyed(run.scores), cfg.scoring.zeta, folder / "score_hist.png")
+    plot_score_distributions((r for _, r in iter_keyed(run.scores)), cfg.scoring.zeta,
+                             folder / "score_hist.png")
     rounds = report.get("rounds") or [{"round": 0, **{k: v for k, v in report.items()
                                                       if k.startswith("pairs/")}}]
     plot_rounds(rounds, folder / "rounds.png")
