@@ -17,10 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class JSONServer:
     """POSTs of JSON on a free port of 127.0.0.1, served in a thread of its own. `bodies`: the
-    JSON body of every request, in arrival order; `url`: the server's OpenAI-style base URL."""
+    JSON body of every request, in arrival order, and `requests` its (path, Authorization
+    header); `url`: the server's OpenAI-style base URL."""
 
     def __init__(self) -> None:
         self.bodies: list[dict] = []
+        self.requests: list[tuple[str, str | None]] = []  # (path, Authorization header)
         self.lock = threading.Lock()
         server = self
 
@@ -32,6 +34,7 @@ class JSONServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
                     server.bodies.append(body)
+                    server.requests.append((self.path, self.headers.get("Authorization")))
                 status, reply = server.respond(self.path, body)
                 data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
                 self.send_response(status)

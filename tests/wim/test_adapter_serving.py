@@ -4,10 +4,11 @@ server is in test_vllm_server.py and tests/test_vllm_rounds.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from recording_server import JSONServer
+from recording_server import JSONServer, chat_completion
 
 from wim.backends.adapter_serving import (
     AdapterServingError,
@@ -106,3 +107,74 @@ def test_a_server_without_runtime_lora_says_how_to_start_it(lora_server,
     server = lora_server(runtime=False)
     with pytest.raises(AdapterServingError, match="--enable-lora.*VLLM_ALLOW_RUNTIME_LORA"):
         register_adapter(server.url, "x", _adapter(tmp_path, 1))
+
+
+def test_any_other_400_is_an_error_not_already_loaded(lora_server, tmp_path: Path) -> None:
+    """Only vLLM's "already been loaded" 400 means the name is held; a refused rank (or any
+    other 400) is an error, so nothing is sampled by a name the server does not hold."""
+
+    class RankServer(LoraServer):
+        def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
+            return 400, {"error": {"message": "LoRA rank 32 is greater than max_lora_rank 16.",
+                                   "code": 400}}
+
+    server = RankServer()
+    try:
+        with pytest.raises(AdapterServingError, match="HTTP 400.*max_lora_rank"):
+            register_adapter(server.url, "x", _adapter(tmp_path, 1))
+    finally:
+        server.close()
+
+
+class ServedPolicy(LoraServer):
+    """A vLLM stand-in that also answers chat completions with a guided WIM judgement."""
+
+    def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
+        if path == "/v1/chat/completions":
+            text = json.dumps({"missing": "Nothing else.", "rating": 7})
+            return 200, chat_completion(text, 11, 5)
+        return super().respond(path, body)
+
+
+def _served_config(server, adapter: Path, role: str, mount: Path):
+    from conftest import QUICKSTART
+
+    from wim.config import load_config
+
+    return load_config(QUICKSTART, [
+        "policy.backend=http", f"http.base_urls=[{server.url}]", "http.model=base-served",
+        "http.adapter_serving=vllm", f"policy.adapter={adapter}", f"judge.role={role}",
+        "http.api_key_env=WIM_TEST_SERVING_KEY", "http.max_retries=0",
+        f"http.server_paths={{{adapter.parents[3]}: {mount}}}"])
+
+
+@pytest.mark.parametrize("role", ["fixed", "changing"])
+def test_served_adapter_wiring_per_judge_role(role: str, tmp_path: Path, monkeypatch) -> None:
+    """An HTTP policy with `policy.adapter`: building the policy (also on a resumed run)
+    registers the adapter with the server under its name, at the path the server sees
+    (`http.server_paths`), with the key; the policy samples by the adapter's name; the fixed
+    judge judges by the base name, the changing judge by the adapter's."""
+    from data_gen.pipeline import Resources
+
+    monkeypatch.setenv("WIM_TEST_SERVING_KEY", "sk-serving")
+    adapter = _adapter(tmp_path / "run", 1)
+    mount = tmp_path / "mnt"
+    mount.symlink_to(tmp_path / "run")  # the server's view of this machine's run folder
+    server = ServedPolicy()
+    try:
+        resources = Resources(_served_config(server, adapter, role, mount))
+        policy = resources.policy()
+        judge = resources.judge()
+        judge.judge([("Name a colour.", "Blue.")], seed=1)
+        resources.close()
+    finally:
+        server.close()
+    name = adapter_name(adapter)
+    loads = [(b, r) for b, r in zip(server.bodies, server.requests, strict=True)
+             if r[0] == "/v1/load_lora_adapter"]
+    assert [(b["lora_name"], b["lora_path"], r[1]) for b, r in loads] == [
+        (name, str(mount / "rounds" / "1" / "train" / "adapter"), "Bearer sk-serving")]
+    assert policy.model == name
+    judged_by = {b["model"] for b, r in zip(server.bodies, server.requests, strict=True)
+                 if r[0] == "/v1/chat/completions"}
+    assert judged_by == ({"base-served"} if role == "fixed" else {name})
