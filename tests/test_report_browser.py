@@ -177,3 +177,26 @@ def test_critique_browser_in_chromium(browser, report_page) -> None:
     assert _shown(browser) == 0
     assert browser.execute_script("return window.__pwned === undefined")
     assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+
+
+def test_browser_says_how_many_prompts_it_shows(browser, report_page) -> None:
+    """All 6 prompts fit the default cap; with `report.browser_prompts=2` the page shows 2 of
+    6: the prompt with the failed judgement first, then one drawn with the seed."""
+    from selenium.webdriver.common.by import By
+
+    run, page = report_page
+    browser.get(page.as_uri())
+    showing = browser.find_element(By.ID, "browser-showing").text
+    assert showing == f"Showing {len(PROMPTS)} of {len(PROMPTS)} prompts."
+
+    failed = {r["prompt_id"] for r in read_records(run / "scores.jsonl") if not r["parse_ok"]}
+    run_wim(["report", str(run), "--set", "report.browser_prompts=2"])
+    browser.get(page.as_uri())
+    showing = browser.find_element(By.ID, "browser-showing").text
+    assert showing.startswith(f"Showing 2 of {len(PROMPTS)} prompts: every prompt with a failed")
+    metas = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#entries article.entry'))"
+        ".map(a => a.querySelector('.meta').textContent)")
+    shown = {m.rsplit(" · ", 1)[1] for m in metas}
+    assert len(shown) == 2 and (failed <= shown if len(failed) <= 2 else shown <= failed)
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
