@@ -112,3 +112,26 @@ def test_disk_full_from_any_other_write_reads_like_the_rest(flaky_server, tmp_pa
     assert main(cmd) == 2
     err = capsys.readouterr().err
     assert "disk is full" in err and "Traceback" not in err
+
+
+def test_a_dead_replica_among_two(flaky_server, tmp_path: Path) -> None:
+    """One of two base URLs refuses connections from the start; with no retries at all
+    (http.max_retries=0) the run still gets every sample and verdict, since a request that
+    reached no server moves to the other URL; the dead URL's counts are in the stage stats."""
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "run"
+    cmd = ["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
+           *sets([*http_overrides(flaky_server.url), f"prompts.source={_prompts(tmp_path)}",
+                  f"http.base_urls=[{flaky_server.url},{dead}]"])]
+    run_wim(cmd)
+    assert len(read_keyed(out / "samples.jsonl")) == 8
+    assert len(read_keyed(out / "judgements.jsonl")) == 8
+    for stage, role in (("generate", "policy"), ("judge", "judge")):
+        stats = _stats(out, stage)
+        assert stats[f"{stage}/backend_failed"] == 0
+        assert stats[f"http/{role}/failures"] == 0
+        assert stats[f"http/{role}/url1_down"] == 1
+        assert stats[f"http/{role}/url1_requests"] == stats[f"http/{role}/failovers"] >= 1
+        assert stats[f"http/{role}/url0_requests"] >= 8

@@ -16,15 +16,16 @@ comes back as a `Failure`: nothing here raises for a request, and every attempt 
 (`timeout_s` for the whole reply, so a server that trickles bytes cannot hold a slot).
 
 A base URL that refuses connections (or cannot be reached) is marked down for a cooldown (2 s,
-doubling while it stays down, at most 60 s) and requests go round-robin over the others; a
-retry that moves off a connection failure to a URL that is up does not wait. When its cooldown
-has passed one request probes it; a success brings it back. When every URL is down, requests
-go round-robin over all of them and wait out their backoffs, as with a single URL.
+doubling while it stays down, at most 60 s) and requests go round-robin over the others. A
+request that could not connect reached no server, so it moves to a URL that is up at once,
+without a backoff and without using up a retry (a failover; at most once per other URL). When
+a URL's cooldown has passed one request probes it; a success brings it back. When every URL is
+down, requests go round-robin over all of them and wait out their backoffs, as with one URL.
 
 Counts (`stats`, flat names without slashes: the stages report them as `http/<role>/<name>`):
-`requests` (attempts sent), `retries`, `failures` (requests given up), and per base URL, by its
-position in the list: `url<i>_requests`, `url<i>_errors` (attempts that failed there),
-`url<i>_down` (times it was marked down).
+`requests` (attempts sent), `retries`, `failures` (requests given up), `failovers`, and per
+base URL, by its position in the list: `url<i>_requests`, `url<i>_errors` (attempts that failed
+there), `url<i>_down` (times it was marked down).
 
 The API key is read once from an environment variable and appears only in the Authorization
 header: never in reprs, errors or logs (`scrub` removes it from any text a server echoes).
@@ -66,7 +67,8 @@ class Failure:
     repeat: bool = False
     """Send again at once, not counted as an attempt (the caller changed the payload)."""
     connection: bool = False
-    """The connection failed (refused, unreachable, dropped): another URL may serve at once."""
+    """No connection (refused, unreachable): the request reached no server, so another URL
+    may take it at once."""
 
 
 Parse = Callable[[int, bytes, str], Any]
@@ -123,7 +125,8 @@ class HTTPClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.cooldown_s = cooldown_s
-        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0}
+        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0,
+                                      "failovers": 0}
         for i in range(len(self.base_urls)):
             self.stats.update({f"url{i}_requests": 0, f"url{i}_errors": 0, f"url{i}_down": 0})
         self._keys = [(f"url{i}_requests", f"url{i}_errors") for i in range(len(self.base_urls))]
@@ -191,12 +194,19 @@ class HTTPClient:
         changes while it waits or on a `repeat` (sent again at once in the same slot, not
         counted as an attempt); when it returns None nothing is sent and the request returns
         None."""
-        attempt, failure = 0, Failure("no attempt made")
+        attempt, hops, failure = 0, 0, Failure("no attempt made")
         index: int | None = None  # the URL of the last attempt
         while True:
             index, outcome = await self._attempt(path, payload, parse, after=index)
             if not isinstance(outcome, Failure):
                 return outcome
+            if (outcome.connection and hops < len(self.base_urls) - 1
+                    and self._another_up(index)):
+                # It never reached a server: a URL that is up takes it at once, and it is not
+                # an attempt (max_retries: 0 still fails over). Once per other URL at most.
+                hops += 1
+                self.stats["failovers"] += 1
+                continue
             failure = outcome
             attempt += 1
             if logger.isEnabledFor(logging.DEBUG):
@@ -204,9 +214,7 @@ class HTTPClient:
             if not failure.retry or attempt > self.max_retries:
                 break
             self.stats["retries"] += 1
-            # Off a failed connection to a URL that is up: at once. Otherwise back off.
-            if not (failure.connection and self._another_up(index)):
-                await asyncio.sleep(self._backoff(attempt))
+            await asyncio.sleep(self._backoff(attempt))
         self.stats["failures"] += 1
         error = self.scrub(f"{failure.reason} (after {attempt} attempt{'s' * (attempt > 1)})")
         self._failed += 1
@@ -254,9 +262,8 @@ class HTTPClient:
             self._mark_down(index, outcome.reason)
         except (asyncio.TimeoutError, TimeoutError):
             outcome = Failure(f"timeout after {self.timeout_s}s from {url}", retry=True)
-        except aiohttp.ClientError as exc:  # dropped mid-reply, reset, bad framing
-            outcome = Failure(f"{type(exc).__name__} from {url}: {exc}", retry=True,
-                              connection=True)
+        except aiohttp.ClientError as exc:  # dropped mid-reply (the server may have it), reset
+            outcome = Failure(f"{type(exc).__name__} from {url}: {exc}", retry=True)
         except Exception as exc:  # a bug in parse, say: one failed request, not a crash
             outcome = Failure(f"{type(exc).__name__} from {url}: {exc}")
         if isinstance(outcome, Failure):
