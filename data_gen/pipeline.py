@@ -31,7 +31,7 @@ from wim.backends import Backend, TransformersBackend, open_backend, open_http_b
 from wim.backends.adapter_serving import served_http
 from wim.config import Config, judge_http
 from wim.holdout import load_split, write_split
-from wim.judges import BackendJudge
+from wim.judges import BackendJudge, configured_judge
 from wim.models import load_causal_lm
 from wim.report import write_report
 from wim.rundir import RunDir
@@ -225,12 +225,7 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
             backend = open_http_backend(cfg.http, cfg.policy.model)
         elif cfg.policy.adapter:
             name = f"{name} + adapter {cfg.policy.adapter}"
-    return BackendJudge(
-        backend, role=j.role, model_name=name, mode=j.mode, prompt=j.prompt, criteria=j.criteria,
-        instructions_in=j.instructions_in, max_new_tokens=j.max_new_tokens,
-        max_retries=j.max_retries, retry_temperature=j.retry_temperature,
-        guided_json=j.guided_json,
-    )
+    return configured_judge(j, backend, role=j.role, model_name=name)
 
 
 # A stage: (cfg, run, resources, shard, progress, fingerprint) -> its stats.

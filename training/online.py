@@ -70,17 +70,14 @@ class WimReward:
 
     def _judge(self):
         from wim.backends import TransformersBackend
-        from wim.judges import BackendJudge
+        from wim.judges import configured_judge
 
         j, model = self.cfg.judge, self.trainer.model
         backend = TransformersBackend(model, self.tokenizer, batch_size=j.batch_size,
                                       label=self.cfg.policy.model,
                                       without_adapter=j.role == "fixed")
         name = self.cfg.policy.model + (" (live adapter)" if j.role == "changing" else "")
-        return BackendJudge(backend, role=j.role, model_name=name, mode=j.mode, prompt=j.prompt,
-                            criteria=j.criteria, instructions_in=j.instructions_in,
-                            max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
-                            retry_temperature=j.retry_temperature)
+        return configured_judge(j, backend, role=j.role, model_name=name)
 
     def take_choice(self):
         """The PairChoice of the last call, once (the trainer raises when there is none)."""

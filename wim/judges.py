@@ -245,3 +245,15 @@ class BackendJudge(Judge):
 
 def _error(completion: Completion) -> str | None:
     return None if completion.ok else f"backend failed: {completion.error}"
+
+
+def configured_judge(j, backend: Backend, *, role: str, model_name: str,
+                     mode: str | None = None) -> BackendJudge:
+    """The judge that `j` (the config's `judge:` section) describes, on `backend`: the one
+    place its settings become a BackendJudge (the pipeline, online DPO and `wim refine`)."""
+    return BackendJudge(
+        backend, role=role, model_name=model_name, mode=mode or j.mode, prompt=j.prompt,
+        criteria=j.criteria, instructions_in=j.instructions_in,
+        max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
+        retry_temperature=j.retry_temperature, guided_json=j.guided_json,
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 from wim.backends import Backend, SamplingParams, open_backend
 from wim.config import Config
-from wim.judges import BackendJudge
+from wim.judges import configured_judge
 from wim.refine.controller import (
     CRITERIA,
     ControllerParams,
@@ -54,10 +54,7 @@ def open_models(cfg: Config) -> tuple[Backend, LoopEvaluator, str]:
         backend = open_backend(r.evaluator_backend, r.evaluator, cfg, batch_size=j.batch_size,
                                dtype=j.dtype)
         name = r.evaluator
-    judge = BackendJudge(backend, role="external", model_name=name, mode="wim", prompt=j.prompt,
-                         criteria=j.criteria, instructions_in=j.instructions_in,
-                         max_new_tokens=j.max_new_tokens, max_retries=j.max_retries,
-                         retry_temperature=j.retry_temperature)
+    judge = configured_judge(j, backend, role="external", model_name=name, mode="wim")
     evaluator = LoopEvaluator(backend, judge, strict=r.strict, ensemble_n=r.ensemble_n,
                               max_retries=r.max_retries, retry_temperature=j.retry_temperature)
     return policy, evaluator, name

@@ -78,3 +78,27 @@ def test_parsed_scores_and_ensemble_majority_verdict():
     [out] = ev.evaluate(["Q?"], ["A."])
     assert out.evaluation.scores["factuality"] == pytest.approx(0.7)
     assert out.evaluation.verdict == "reject"  # 1 accept of 2: a tie rejects
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_refine_over_http_honours_judge_guided_json(guided: bool) -> None:
+    """`wim refine`'s loop evaluator on an HTTP server asks for the guided JSON only while
+    `judge.guided_json` is true (it once ignored the setting)."""
+    from conftest import QUICKSTART
+    from recording_server import RecordingServer
+
+    from wim.config import load_config
+    from wim.refine.runner import open_models
+
+    server = RecordingServer(lambda messages: '{"missing": "A source.", "rating": 6}')
+    try:
+        cfg = load_config(QUICKSTART, [
+            "policy.backend=http", f"http.base_urls=[{server.url}]", "http.model=m",
+            "refine.evaluator=evaluator-model", "refine.evaluator_backend=http",
+            f"judge.guided_json={str(guided).lower()}", "judge.max_retries=0"])
+        policy, evaluator, _ = open_models(cfg)
+        evaluator.judge.judge([("Name a colour.", "Blue.")], seed=0)
+        policy.close()
+    finally:
+        server.close()
+    assert server.bodies and all(("response_format" in b) == guided for b in server.bodies)
