@@ -4,7 +4,8 @@ Shards must come from one config (same run identity, same shard count, distinct 
 no (prompt_id, sample_idx) key may repeat. Every shard of the split must be there, unless
 `allow_partial` (`wim merge --allow-partial`) accepts a merge that lacks some; the summary then
 lists the missing ones. The merged folder holds samples.jsonl and
-judgements.jsonl in key order; `wim run CONFIG --out MERGED` then finds every sample and
+judgements.jsonl in key order, written as the shards' files are read (offsets are held, not
+records); `wim run CONFIG --out MERGED` then finds every sample and
 judgement done and goes on with scoring, pairs, training and the report.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from wim.records import read_keyed, record_key, write_records_atomic
+from wim.records import RecordIndex, record_key, write_records_atomic
 from wim.rundir import RunDir, RunDirError, identity
 
 
@@ -42,28 +43,37 @@ def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict
     if target.read_meta() is not None or target.samples.exists():
         raise RunDirError(f"{out} already exists and holds a run; merge into a new folder.")
     summary: dict[str, Any] = {"shards": [str(s) for s in shards], "missing_shards": missing}
-    merged: dict[str, list[dict]] = {}
+    indexes: dict[str, list[RecordIndex]] = {}
     for name in ("samples.jsonl", "judgements.jsonl"):
-        seen: dict[tuple, Path] = {}
-        records = []
-        for run in runs:
-            for record in read_keyed(run.file(name)):
-                key = record_key(record)
-                if key in seen:
-                    raise RunDirError(
-                        f"key {key} appears in {seen[key]} and in {run.path / name}; shards "
-                        "must not overlap. Nothing was written."
-                    )
-                seen[key] = run.path / name
-                records.append(record)
-        records.sort(key=record_key)
-        merged[name] = records
-        summary[name] = len(records)
+        # Offsets only: each shard's file is indexed, then read prompt by prompt while writing.
+        indexes[name] = [RecordIndex(run.file(name)) for run in runs]
+        owner: dict[str, int] = {}
+        for number, (run, index) in enumerate(zip(runs, indexes[name], strict=True)):
+            for pid in index.prompt_ids():
+                if pid in owner:
+                    other = indexes[name][owner[pid]]
+                    both = set(other.sample_indices(pid)) & set(index.sample_indices(pid))
+                    if both:
+                        raise RunDirError(
+                            f"key {(pid, min(both))} appears in {runs[owner[pid]].path / name} "
+                            f"and in {run.path / name}; shards must not overlap. Nothing was "
+                            "written."
+                        )
+                    continue  # the same prompt's other samples: both shards are read below
+                owner[pid] = number
+        summary[name] = sum(len(index) for index in indexes[name])
     target.claim(first, shard=None)
-    for name, records in merged.items():
-        write_records_atomic(target.file(name), records)
+    for name, shard_indexes in indexes.items():
+        write_records_atomic(target.file(name), _in_key_order(shard_indexes))
     summary["next"] = f"wim run <config> --out {out}  (or: wim score {out}; wim pairs {out}; ...)"
     return summary
+
+
+def _in_key_order(indexes: list[RecordIndex]):
+    """Every record of the shards' files, in (prompt_id, sample_idx) order, read by offset."""
+    for pid in sorted({pid for index in indexes for pid in index.prompt_ids()}):
+        records = [r for index in indexes if pid in index for r in index.read([pid])]
+        yield from sorted(records, key=record_key)
 
 
 def _check_shards(dirs: list[Path], shards: list[str | None]) -> list[str]:

@@ -175,3 +175,25 @@ def test_generate_from_a_source_loads_no_model_and_resumes(tmp_path: Path) -> No
                     check=False)
     assert again.returncode == 2 and "line 2: 'responses' is a str" in again.stderr
     assert [(s["prompt_id"], s["sample_idx"]) for s in read_keyed(fresh / "samples.jsonl")] == keys
+
+
+def test_sourced_shards_merge_into_the_records_of_one_run(tmp_path: Path) -> None:
+    """Shards of a streamed source (each reads the source for the ids and lengths, then its own
+    batches) merge, streaming, into exactly the samples of one unsharded import."""
+    source = tmp_path / "r.jsonl"
+    source.write_text("".join(json.dumps({"id": f"q{i:02d}", "prompt": "Why? " * (i % 5 + 1),
+                                          "responses": [f"a{i}", f"b{i}", f"c{i}"]}) + "\n"
+                              for i in range(30)))
+    overrides = sets([f"generation.source={source}", NO_POLICY, "prompts.holdout=0",
+                      "generation.batch_size=4"])
+    base = ["generate", str(QUICKSTART), "--no-progress", *overrides]
+    run_wim([*base, "--out", str(tmp_path / "one")])
+    for i in range(2):
+        run_wim([*base, "--out", str(tmp_path / f"s{i}"), "--shard", f"{i}/2"])
+    shares = [read_keyed(tmp_path / f"s{i}" / "samples.jsonl") for i in range(2)]
+    assert all(shares) and {r["prompt_id"] for r in shares[0]}.isdisjoint(
+        {r["prompt_id"] for r in shares[1]})
+    run_wim(["merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")])
+    one = sorted(read_keyed(tmp_path / "one" / "samples.jsonl"),
+                 key=lambda r: (r["prompt_id"], r["sample_idx"]))
+    assert read_keyed(tmp_path / "m" / "samples.jsonl") == one

@@ -211,6 +211,9 @@ class RecordIndex:
     def sample_count(self, prompt_id: str) -> int:
         return len(self._where.get(prompt_id, ())) // 2
 
+    def sample_indices(self, prompt_id: str) -> list[int]:
+        return sorted(self._where.get(prompt_id, array("q"))[::2])
+
     def read(self, prompt_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The records of these prompts, prompt by prompt, each prompt's by sample_idx."""
         out: list[dict[str, Any]] = []
