@@ -135,3 +135,34 @@ def test_wim_pairs_and_report_on_written_scores(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "## Agreement with the source's own preferences" in report
     assert "| wim | 4 | 4 | 0 | 0 | 0 | 1.000 |" in report
+
+
+def test_card_license_from_the_config_the_source_or_unknown(tmp_path: Path) -> None:
+    import datasets
+    from huggingface_hub import DatasetCard
+
+    from wim.errors import ConfigError
+    from wim.sources import source_license
+
+    scored, counts = _rated(True), {"pairs/count": 4}
+    cfg = load_config(QUICKSTART, ["card.license=cc-by-4.0"])
+    card = DatasetCard(render_card(cfg, scored, counts, "pairs.jsonl", source_license="mit"))
+    assert card.data.license == "cc-by-4.0" and "set by `card.license`" in card.text
+    cfg = load_config(QUICKSTART)
+    card = DatasetCard(render_card(cfg, scored, counts, "pairs.jsonl", source_license="mit"))
+    assert card.data.license == "mit" and "as the source's own card gives it" in card.text
+    card = DatasetCard(render_card(cfg, scored, counts, "pairs.jsonl"))
+    assert card.data.license == "unknown" and "License: **unknown**. Nothing set it" in card.text
+    # A saved dataset names its license in its dataset info; a plain file names none.
+    info = datasets.DatasetInfo(license="apache-2.0")
+    datasets.Dataset.from_list([{"prompt": "Q?", "responses": ["a", "b"]}], info=info
+                               ).save_to_disk(str(tmp_path / "saved"))
+    assert source_license(str(tmp_path / "saved")) == "apache-2.0"
+    (tmp_path / "r.jsonl").write_text("{}\n")
+    assert source_license(str(tmp_path / "r.jsonl")) is None
+    with pytest.raises(ConfigError, match=r"'card.license' must be a Hub license id .* got "
+                                          r"'Apache 2'"):
+        load_config(QUICKSTART, ["card.license=Apache 2"])
+    with pytest.raises(ConfigError, match=r"'report.browser_prompts' must be a positive "
+                                          r"integer .* got 0"):
+        load_config(QUICKSTART, ["report.browser_prompts=0"])
