@@ -190,3 +190,32 @@ def test_markdown_to_html_escapes_whatever_the_markdown_did() -> None:
     assert inline("raw <script>x</script>") == "raw &lt;script&gt;x&lt;/script&gt;"
     html = markdown_to_html("| a | b |\n|---|---|\n| x \\| y | <b> |", Path("."))
     assert "<td>x | y</td><td>&lt;b&gt;</td>" in html
+
+
+def test_browser_shows_at_most_browser_prompts_failed_first(tmp_path: Path) -> None:
+    """2,000 prompts of 2 long responses (4 MB of records): the page carries 50 prompts, the
+    3 with a failed judgement among them, says so, and stays small; the same seed draws the
+    same ones."""
+    cfg = load_config(QUICKSTART, [])
+    run = RunDir(tmp_path / "run")
+    run.ensure_folder()
+    run.save_config(cfg)
+    long = "word " * 200
+    failed = {"p0007", "p0999", "p1993"}
+    records = [_record(f"p{i:04d}", j, "d", None if f"p{i:04d}" in failed and j else 3 + j,
+                       0.1 * j, "some/judge", response=long + str(j))
+               for i in range(2000) for j in range(2)]
+    write_records_atomic(run.judgements, records)
+    write_records_atomic(run.scores, records)
+    write_records_atomic(run.pairs, build_pairs(records, cfg.pairs, seed=0)[0])
+    run_wim(["report", str(run.path), "--set", "report.browser_prompts=50"])
+    page = (run.path / "report.html").read_text()
+    data = json.loads(re.search(r'id="wim-data">(.*?)</script>', page, re.S)[1])
+    shown = [e["prompt_id"] for e in data]
+    assert len(set(shown)) == 50 and failed <= set(shown) and shown == sorted(shown)
+    assert "Showing 50 of 2,000 prompts: every prompt with a failed judgement first" in page
+    assert len(page) < 0.1 * run.scores.stat().st_size
+    run_wim(["report", str(run.path), "--set", "report.browser_prompts=50"])
+    again = json.loads(re.search(r'id="wim-data">(.*?)</script>',
+                                 (run.path / "report.html").read_text(), re.S)[1])
+    assert [e["prompt_id"] for e in again] == shown
