@@ -4,13 +4,14 @@ critiques with their ratings and scores. Training curves come from TRL's own wan
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from wim.config import Config
-from wim.records import read_keyed
+from wim.records import iter_keyed
 from wim.rundir import RunDir
 
 CRITIQUE_COLUMNS = ["round", "prompt_id", "sample_idx", "prompt", "response", "critique",
@@ -24,8 +25,9 @@ def _numbers(report: dict[str, Any]) -> dict[str, float]:
 
 
 def _rows(r: int, scores: Path) -> list[list[Any]]:
+    """The first MAX_TABLE_ROWS records, read as a stream (the file may hold 400,000)."""
     return [[r] + [rec.get(c) for c in CRITIQUE_COLUMNS[1:]]
-            for rec in read_keyed(scores)[:MAX_TABLE_ROWS]]
+            for _, rec in itertools.islice(iter_keyed(scores), MAX_TABLE_ROWS)]
 
 
 def log_run(cfg: Config, rounds: list[tuple[int, dict[str, Any], Path]],
