@@ -59,10 +59,6 @@ class RunDirBusyError(RunDirError):
     """Another process holds the run directory's lock."""
 
 
-def uses_http(cfg: Config) -> bool:
-    return cfg.policy.backend == "http" or judge_uses_http(cfg)
-
-
 def judge_uses_http(cfg: Config) -> bool:
     """An external judge on a server: its endpoint is `judge_http(cfg)`."""
     return cfg.judge.role == "external" and cfg.judge.backend == "http"

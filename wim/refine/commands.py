@@ -95,10 +95,12 @@ def _blind(cfg, policy):
 
 def vrr_simulate(args: argparse.Namespace) -> int:
     from wim.refine.simulate import SimSpec, format_table, simulate
+    from wim.refine.vrr import VRRParams
 
-    spec = SimSpec(pi=args.pi, rho0=args.rho0, rho1=args.rho1, alpha=args.alpha, beta=args.beta,
-                   m=args.m, k=args.k, delta=args.delta, tau=args.tau, trials=args.trials,
-                   seed=args.seed, calib_transitions=args.transitions)
+    vrr = VRRParams(rho0=args.rho0, rho1=args.rho1, alpha=args.alpha, beta=args.beta, m=args.m,
+                    k=args.k, tau=args.tau, delta=args.delta)
+    spec = SimSpec(pi=args.pi, vrr=vrr, trials=args.trials, seed=args.seed,
+                   calib_transitions=args.transitions)
     try:
         result = simulate(spec)
     except ValueError as err:

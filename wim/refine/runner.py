@@ -11,7 +11,6 @@ wim/refine/summary.py. The run is not resumable: a killed run starts again from 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -138,14 +137,3 @@ def write_trajectories(path: Path, records: list[list[dict[str, Any]]]) -> None:
 
     rows = [{k: v for k, v in rec.items() if k != "_eval"} for recs in records for rec in recs]
     write_records_atomic(path, rows)
-
-
-def read_trajectories(path: Path) -> list[list[dict[str, Any]]]:
-    """Records grouped by prompt, in attempt order (as written by write_trajectories)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                groups.setdefault(rec["prompt_id"], []).append(rec)
-    return [sorted(g, key=lambda r: r["attempt"]) for g in groups.values()]

@@ -18,6 +18,7 @@ invalid plans (P(majority | invalid) > P(majority | valid), i.e. J < 0).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,24 +39,15 @@ POLICIES = ("none", "fixed", "stop", "stop_calibrated", "guard")
 @dataclass(frozen=True)
 class SimSpec:
     pi: float
-    rho0: float
-    rho1: float
-    alpha: float
-    beta: float
-    m: int = 8
-    k: int = 5
-    delta: int = 5
-    tau: float = 0.0
+    """P(the first answer is valid)."""
+    vrr: VRRParams
+    """The true verifier noise, repair rates and the policies' settings (m, k, tau, delta)."""
     trials: int = 10000
     seed: int = 0
     calib_plans: int = 2000
     """Plans whose m unlabelled votes feed the EM of stop_calibrated."""
     calib_transitions: int = 300
     """Labelled before/after repairs for alpha and beta (half valid, half invalid before)."""
-
-    def params(self) -> VRRParams:
-        return VRRParams(self.rho0, self.rho1, self.alpha, self.beta, self.m, self.k,
-                         self.tau, self.delta)
 
 
 class _World:
@@ -68,12 +60,12 @@ class _World:
         return self.rng.random(n) < self.spec.pi
 
     def votes(self, valid: np.ndarray) -> np.ndarray:
-        p = np.where(valid, 1 - self.spec.rho1, self.spec.rho0)
-        return self.rng.binomial(self.spec.m, p)
+        p = np.where(valid, 1 - self.spec.vrr.rho1, self.spec.vrr.rho0)
+        return self.rng.binomial(self.spec.vrr.m, p)
 
     def repair(self, valid: np.ndarray) -> np.ndarray:
         u = self.rng.random(valid.shape)
-        return np.where(valid, u >= self.spec.beta, u < self.spec.alpha)
+        return np.where(valid, u >= self.spec.vrr.beta, u < self.spec.vrr.alpha)
 
 
 def calibrate_from_logs(spec: SimSpec, rng: np.random.Generator) -> tuple[VRRParams, float, dict]:
@@ -84,10 +76,10 @@ def calibrate_from_logs(spec: SimSpec, rng: np.random.Generator) -> tuple[VRRPar
     before = np.arange(n) < n // 2
     after = world.repair(before)
     labelled_votes = world.votes(before)
-    cal = calibrate_votes(votes, spec.m, labelled=(labelled_votes, before))
+    cal = calibrate_votes(votes, spec.vrr.m, labelled=(labelled_votes, before))
     rep = calibrate_repairs(before, after)
-    est = VRRParams(cal.rho0, cal.rho1, rep.alpha, rep.beta, spec.m, spec.k, spec.tau,
-                    spec.delta)
+    est = dataclasses.replace(spec.vrr, rho0=cal.rho0, rho1=cal.rho1, alpha=rep.alpha,
+                              beta=rep.beta)
     info = {"rho0": cal.rho0, "rho1": cal.rho1, "prior_valid": cal.prior_valid,
             "alpha": rep.alpha, "beta": rep.beta, "em_iterations": cal.iterations,
             "em_converged": cal.converged, "plans": spec.calib_plans, "transitions": n}
@@ -106,11 +98,11 @@ def _record(rounds, valid, accepts, m: int) -> None:
 def run_fixed(spec: SimSpec, world: _World, valid: np.ndarray, repairs_cap: int):
     rounds = _rounds(spec)
     s = world.votes(valid)
-    _record(rounds, valid, s, spec.m)
+    _record(rounds, valid, s, spec.vrr.m)
     for _ in range(repairs_cap):
         valid = world.repair(valid)
         s = world.votes(valid)
-        _record(rounds, valid, s, spec.m)
+        _record(rounds, valid, s, spec.vrr.m)
     return valid, s, np.full(valid.shape, repairs_cap), rounds
 
 
@@ -120,34 +112,34 @@ def run_stop(spec: SimSpec, world: _World, valid: np.ndarray, p: VRRParams, prio
     belief = np.full(valid.shape, prior)
     last = np.zeros(valid.shape, dtype=int)
     repairs = np.zeros(valid.shape, dtype=int)
-    for r in range(spec.k + 1):
+    for r in range(spec.vrr.k + 1):
         s = world.votes(valid)
         last = np.where(active, s, last)
         b = posterior(belief, s, p.m, p.rho0, p.rho1)
-        stop_now = active & ((gain(b, p.alpha, p.beta) <= p.tau) | (r == spec.k))
+        stop_now = active & ((gain(b, p.alpha, p.beta) <= p.tau) | (r == spec.vrr.k))
         active = active & ~stop_now
-        _record(rounds, valid, last, spec.m)
+        _record(rounds, valid, last, spec.vrr.m)
         if not active.any():
             break
         valid = np.where(active, world.repair(valid), valid)
         repairs += active
         belief = np.where(active, predict(b, p.alpha, p.beta), belief)
-    while len(rounds["validity"]) < spec.k + 1:  # every trial stopped early: carry forward
-        _record(rounds, valid, last, spec.m)
+    while len(rounds["validity"]) < spec.vrr.k + 1:  # every trial stopped early: carry forward
+        _record(rounds, valid, last, spec.vrr.m)
     return valid, last, repairs, rounds
 
 
 def run_guard(spec: SimSpec, world: _World, valid: np.ndarray):
     rounds = _rounds(spec)
     s_inc = world.votes(valid)
-    _record(rounds, valid, s_inc, spec.m)
-    for _ in range(spec.k):
+    _record(rounds, valid, s_inc, spec.vrr.m)
+    for _ in range(spec.vrr.k):
         new = world.repair(valid)
         s_new = world.votes(new)
-        take = guard_replaces(s_new, s_inc, spec.delta)
+        take = guard_replaces(s_new, s_inc, spec.vrr.delta)
         valid, s_inc = np.where(take, new, valid), np.where(take, s_new, s_inc)
-        _record(rounds, valid, s_inc, spec.m)
-    return valid, s_inc, np.full(valid.shape, spec.k), rounds
+        _record(rounds, valid, s_inc, spec.vrr.m)
+    return valid, s_inc, np.full(valid.shape, spec.vrr.k), rounds
 
 
 def simulate(spec: SimSpec) -> dict:
@@ -163,32 +155,33 @@ def simulate(spec: SimSpec) -> dict:
         if name == "none":
             result = run_fixed(spec, world, start, 0)
             v, s, rep, rounds = result
-            rounds = {key: vals * (spec.k + 1) for key, vals in rounds.items()}
+            rounds = {key: vals * (spec.vrr.k + 1) for key, vals in rounds.items()}
         elif name == "fixed":
-            v, s, rep, rounds = run_fixed(spec, world, start, spec.k)
+            v, s, rep, rounds = run_fixed(spec, world, start, spec.vrr.k)
         elif name == "stop":
-            v, s, rep, rounds = run_stop(spec, world, start, spec.params(), spec.pi)
+            v, s, rep, rounds = run_stop(spec, world, start, spec.vrr, spec.pi)
         elif name == "stop_calibrated":
             v, s, rep, rounds = run_stop(spec, world, start, est, est_prior)
         else:
             v, s, rep, rounds = run_guard(spec, world, start)
         out["policies"][name] = {"validity": float(v.mean()),
-                                 "acceptance": float((s > spec.m / 2).mean()),
+                                 "acceptance": float((s > spec.vrr.m / 2).mean()),
                                  "repairs": float(rep.mean())}
         out["rounds"][name] = rounds
     return out
 
 
 def _check(spec: SimSpec) -> None:
-    for name in ("pi", "rho0", "rho1", "alpha", "beta"):
-        value = getattr(spec, name)
+    v = spec.vrr
+    for name, value in (("pi", spec.pi), ("rho0", v.rho0), ("rho1", v.rho1), ("alpha", v.alpha),
+                        ("beta", v.beta)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"--{name} must lie in [0, 1], got {value}")
-    for name in ("m", "trials"):
-        if getattr(spec, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(spec, name)}")
-    if spec.k < 0:
-        raise ValueError(f"--k must be >= 0, got {spec.k}")
+    for name, value in (("m", v.m), ("trials", spec.trials)):
+        if value < 1:
+            raise ValueError(f"--{name} must be at least 1, got {value}")
+    if v.k < 0:
+        raise ValueError(f"--k must be >= 0, got {v.k}")
 
 
 def format_table(result: dict, spec: SimSpec) -> str:
@@ -197,16 +190,16 @@ def format_table(result: dict, spec: SimSpec) -> str:
     for name, row in result["policies"].items():
         lines.append(f"{name:<16} {row['validity']:>9.3f} {row['acceptance']:>11.3f} "
                      f"{row['repairs']:>8.2f}")
-    header = " ".join(f"{'r' + str(r):>11}" for r in range(spec.k + 1))
+    header = " ".join(f"{'r' + str(r):>11}" for r in range(spec.vrr.k + 1))
     lines += ["", "per round: true validity / verifier acceptance (majority of last votes)",
               f"{'policy':<16} {header}"]
     for name, rounds in result["rounds"].items():
         cells = " ".join(f"{v:.2f}/{a:.2f}".rjust(11)
                          for v, a in zip(rounds["validity"], rounds["acceptance"], strict=True))
         lines.append(f"{name:<16} {cells}")
-    c = result["calibration"]
-    lines += ["", f"calibrated from {c['plans']} unlabelled plans x {spec.m} votes and "
+    c, v = result["calibration"], spec.vrr
+    lines += ["", f"calibrated from {c['plans']} unlabelled plans x {v.m} votes and "
               f"{c['transitions']} labelled repairs: rho0={c['rho0']:.3f} rho1={c['rho1']:.3f} "
-              f"alpha={c['alpha']:.3f} beta={c['beta']:.3f} (true {spec.rho0}, {spec.rho1}, "
-              f"{spec.alpha}, {spec.beta}); J={1 - spec.rho0 - spec.rho1:.3f}"]
+              f"alpha={c['alpha']:.3f} beta={c['beta']:.3f} (true {v.rho0}, {v.rho1}, "
+              f"{v.alpha}, {v.beta}); J={v.j:.3f}"]
     return "\n".join(lines)

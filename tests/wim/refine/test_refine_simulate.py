@@ -9,14 +9,19 @@ import pytest
 
 from tests.conftest import run_wim
 from wim.refine.simulate import SimSpec, calibrate_from_logs, simulate
+from wim.refine.vrr import VRRParams
 
 # Stress: small alpha, large beta, and a verifier that accepts invalid plans more often than
 # valid ones (in this model acceptance can only rise while validity falls when J < 0).
 STRESS = dict(pi=0.8, rho0=0.7, rho1=0.4, alpha=0.05, beta=0.5)
 
 
+def _spec(pi: float, rho0: float, rho1: float, alpha: float, beta: float, **kw) -> SimSpec:
+    return SimSpec(pi=pi, vrr=VRRParams(rho0, rho1, alpha, beta), **kw)
+
+
 def test_stress_fixed_loses_validity_while_acceptance_rises_and_stop_stays_near_best():
-    spec = SimSpec(**STRESS, trials=20000, seed=0)
+    spec = _spec(**STRESS, trials=20000, seed=0)
     res = simulate(spec)
     fixed = res["rounds"]["fixed"]
     assert fixed["validity"][-1] < fixed["validity"][0] - 0.5
@@ -28,7 +33,7 @@ def test_stress_fixed_loses_validity_while_acceptance_rises_and_stop_stays_near_
 
 
 def test_with_informative_votes_and_good_repairs_stop_beats_none_and_fixed():
-    res = simulate(SimSpec(pi=0.5, rho0=0.2, rho1=0.1, alpha=0.4, beta=0.1, trials=20000))
+    res = simulate(_spec(pi=0.5, rho0=0.2, rho1=0.1, alpha=0.4, beta=0.1, trials=20000))
     v = {k: p["validity"] for k, p in res["policies"].items()}
     assert v["stop"] > v["fixed"] > v["none"]
     assert 0 < res["policies"]["stop"]["repairs"] < 5
@@ -36,7 +41,7 @@ def test_with_informative_votes_and_good_repairs_stop_beats_none_and_fixed():
 
 def test_with_j_near_zero_guard_does_no_worse_than_none():
     for seed in range(3):
-        res = simulate(SimSpec(pi=0.6, rho0=0.5, rho1=0.49, alpha=0.1, beta=0.4, trials=20000,
+        res = simulate(_spec(pi=0.6, rho0=0.5, rho1=0.49, alpha=0.1, beta=0.4, trials=20000,
                                seed=seed))
         pol = res["policies"]
         assert pol["guard"]["validity"] >= pol["none"]["validity"] - 0.01
@@ -44,11 +49,11 @@ def test_with_j_near_zero_guard_does_no_worse_than_none():
 
 
 def test_calibration_from_300_labelled_transitions_lands_within_0_05():
-    spec = SimSpec(pi=0.6, rho0=0.2, rho1=0.15, alpha=0.3, beta=0.2, calib_transitions=300)
+    spec = _spec(pi=0.6, rho0=0.2, rho1=0.15, alpha=0.3, beta=0.2, calib_transitions=300)
     errors = []
     for seed in range(20):
         _, _, cal = calibrate_from_logs(spec, np.random.default_rng(seed))
-        errors.append([abs(cal[k] - getattr(spec, k)) for k in ("rho0", "rho1", "alpha", "beta")])
+        errors.append([abs(cal[k] - getattr(spec.vrr, k)) for k in ("rho0", "rho1", "alpha", "beta")])
     errors = np.array(errors)
     assert errors[0].max() <= 0.05, errors[0]  # the documented seed
     assert (errors[:, :2] <= 0.05).all()  # EM over 2000 x 8 votes: rho0, rho1 every time
@@ -59,9 +64,9 @@ def test_calibration_from_300_labelled_transitions_lands_within_0_05():
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers():
-    a = simulate(SimSpec(**STRESS, trials=2000, seed=5))
-    b = simulate(SimSpec(**STRESS, trials=2000, seed=5))
-    c = simulate(SimSpec(**STRESS, trials=2000, seed=6))
+    a = simulate(_spec(**STRESS, trials=2000, seed=5))
+    b = simulate(_spec(**STRESS, trials=2000, seed=5))
+    c = simulate(_spec(**STRESS, trials=2000, seed=6))
     assert a == b and a["policies"] != c["policies"]
 
 
