@@ -53,7 +53,8 @@ def test_calibration_from_300_labelled_transitions_lands_within_0_05():
     errors = []
     for seed in range(20):
         _, _, cal = calibrate_from_logs(spec, np.random.default_rng(seed))
-        errors.append([abs(cal[k] - getattr(spec.vrr, k)) for k in ("rho0", "rho1", "alpha", "beta")])
+        errors.append([abs(cal[k] - getattr(spec.vrr, k))
+                       for k in ("rho0", "rho1", "alpha", "beta")])
     errors = np.array(errors)
     assert errors[0].max() <= 0.05, errors[0]  # the documented seed
     assert (errors[:, :2] <= 0.05).all()  # EM over 2000 x 8 votes: rho0, rho1 every time
