@@ -57,6 +57,12 @@ def label_pair(records: list[dict[str, Any]]) -> tuple[tuple[dict, dict] | None,
 _KEEP = ("rating_norm", "similarity", "score", "parse_ok", "zeta")
 
 
+def _of_length(n: int, cache: dict[int, str]) -> str:
+    if n not in cache:
+        cache[n] = " " * n
+    return cache[n]
+
+
 def source_agreement(cfg: Config, run: RunDir,
                      scored: list[dict[str, Any]] | Iterable[list[dict[str, Any]]]
                      ) -> dict | None:
@@ -66,6 +72,7 @@ def source_agreement(cfg: Config, run: RunDir,
     path = run.file(AGREEMENT_FILE)
     groups = group_by_prompt(scored).values() if isinstance(scored, list) else scored
     gold, remapped, label_ties, kinds = [], [], 0, set()
+    lengths: dict[int, str] = {}
     for records in groups:
         pair, kind = label_pair(records)
         kinds.add(kind)
@@ -75,9 +82,11 @@ def source_agreement(cfg: Config, run: RunDir,
         chosen, rejected = pair
         # validity_table reads (id, 0) as the better answer and (id, 1) as the worse.
         gid = f"{chosen['prompt_id']}#{chosen['sample_idx']}>{rejected['sample_idx']}"
-        # The prompt is not read by the table; the answers are (the longer-answer reference).
+        # The table reads no text but the answers' lengths (its longer-answer reference), so
+        # the pair holds one shared string per length, not 100,000 pairs of answers.
         gold.append(GoldPair(id=gid, domain=chosen.get("domain", ""), prompt="",
-                             chosen=chosen["response"], rejected=rejected["response"]))
+                             chosen=_of_length(len(chosen["response"]), lengths),
+                             rejected=_of_length(len(rejected["response"]), lengths)))
         for idx, r in enumerate((chosen, rejected)):
             remapped.append({"prompt_id": gid, "sample_idx": idx,
                              **{k: r[k] for k in _KEEP if k in r}})

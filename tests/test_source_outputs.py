@@ -166,3 +166,29 @@ def test_card_license_from_the_config_the_source_or_unknown(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"'report.browser_prompts' must be a positive "
                                           r"integer .* got 0"):
         load_config(QUICKSTART, ["report.browser_prompts=0"])
+
+
+def test_streamed_agreement_equals_the_table_on_the_full_records(tmp_path: Path) -> None:
+    """source_agreement keeps only score fields and same-length stand-ins of the answers; its
+    table must be the one validity_table gives on the whole records and texts."""
+    from data_gen.agreement import label_pairs
+    from data_gen.validity_table import GoldPair, validity_table
+    from wim.records import RecordIndex
+
+    cfg = load_config(QUICKSTART, [])
+    scored = [{**r, "response": "x" * (7 * r["sample_idx"] + len(r["prompt_id"]))}
+              for r in _rated(True) + _rated(False)[:6]]
+    scored = [{**r, "prompt_id": f"{r['prompt_id']}-{n // 12}"} for n, r in enumerate(scored)]
+    write_records_atomic(tmp_path / "scores.jsonl", scored)
+    streamed = source_agreement(cfg, RunDir(tmp_path),
+                                RecordIndex(tmp_path / "scores.jsonl").groups())
+    pairs, _, _ = label_pairs(scored)
+    gold, remapped = [], []
+    for chosen, rejected in pairs:
+        gid = f"{chosen['prompt_id']}#{chosen['sample_idx']}>{rejected['sample_idx']}"
+        gold.append(GoldPair(gid, chosen["domain"], chosen["prompt"], chosen["response"],
+                             rejected["response"]))
+        remapped += [{**chosen, "prompt_id": gid, "sample_idx": 0},
+                     {**rejected, "prompt_id": gid, "sample_idx": 1}]
+    assert streamed["systems"] == json.loads(json.dumps(validity_table(cfg, gold, remapped)))
+    assert streamed["pairs"] == len(pairs) == 6
