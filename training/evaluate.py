@@ -25,7 +25,7 @@ from wim.errors import InputError
 from wim.holdout import load_split, read_split, write_split
 from wim.prompts import Prompt
 from wim.records import read_keyed
-from wim.report.evaluation import evaluation_body
+from wim.report.evaluation import evaluation_body, figure_lines
 from wim.rundir import RunDir
 from wim.statistics import (
     MECHANICAL_WARNING,
@@ -275,20 +275,33 @@ def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],
     _jsonl(folder / "eval" / "answers.jsonl", [r for rs in answers.values() for r in rs])
     _jsonl(folder / "eval" / "verdicts.jsonl", records)
     (folder / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (folder / f"{stem}.md").write_text(eval_markdown(report))
+    (folder / f"{stem}.md").write_text(eval_markdown(report, _picture(folder, report, stem)))
+
+
+def _picture(folder: Path, report: dict, stem: str) -> str | None:
+    """Draw the primary comparison's preferences (DIR/plots/<stem>_preferences.png) for the
+    markdown to lead with; its relative path, or None when there is nothing to draw."""
+    from wim.report.plots import plot_preferences
+
+    primary = next((c for c in report["comparisons"] if c.get("primary")), {})
+    name = f"plots/{stem}_preferences.png"
+    (folder / "plots").mkdir(exist_ok=True)
+    return name if plot_preferences(primary, folder / name) else None
 
 
 def _jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def eval_markdown(report: dict) -> str:
+def eval_markdown(report: dict, picture: str | None = None) -> str:
     ev = report["evaluator"]
     about = [f"Evaluator: `{ev['model']}` ({ev['mode']}, {ev.get('verdict', 'hard')} verdicts; "
              f"it saw only each question and the answers). Held-out prompts: "
              f"{report['held_out_prompts']}. Attempts that copied the template's placeholder "
              f"(asked again): {report.get('placeholder_copies', 0)}.", ""]
-    return "\n".join(["# Blind evaluation", "", *evaluation_body(report, about)])
+    # The weighted lead first, then its picture (the report's section leads with the picture).
+    return "\n".join(["# Blind evaluation", "",
+                      *evaluation_body(report, [*figure_lines(picture), *about])])
 
 
 def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, progress: bool,

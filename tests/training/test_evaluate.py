@@ -16,11 +16,13 @@ from recording_server import JSONServer, chat_completion
 from scipy.stats import ttest_1samp
 from statsmodels.stats.multitest import multipletests
 
-from training.evaluate import System, blind_comparisons, eval_markdown, eval_report
+from training.evaluate import System, blind_comparisons, eval_markdown, eval_report, write_eval
 from wim.backends.http_backend import HTTPBackend
 from wim.blind import BlindEvaluator
 from wim.config import load_config
 from wim.prompts import Prompt
+from wim.report.evaluation import evaluation_body
+from wim.report.plots import plot_preferences
 
 Decide = Callable[[str, str], dict[str, float]]
 """(answer shown as A, answer shown as B) -> probabilities of "A", "B", "tie"."""
@@ -208,3 +210,26 @@ def test_the_power_line_counts_the_decisive_prompts(serve):
     assert "With 3 decisive prompt(s) (2 wins, 1 losses; ties left out) the smallest " \
            "sign-test p was 0.25." in eval_markdown(report)
     assert report["evaluator"]["verdict"] == "hard" and report["hard_fallback"] == 0
+
+
+def test_the_picture_shows_both_orders_and_the_mean_with_its_interval(serve, tmp_path):
+    report, records = run_eval(serve(longer), 12, 9)
+    write_eval(tmp_path, report, _answers(12, 9), records)
+    md = (tmp_path / "eval.md").read_text()
+    assert "](plots/eval_preferences.png)" in md and (tmp_path / "plots" /
+                                                       "eval_preferences.png").is_file()
+    assert md.index("weighted win rate") < md.index("](plots/eval_preferences.png)")
+    saved = [json.loads(line) for line in (tmp_path / "eval" / "verdicts.jsonl").open()]
+    assert [r["p_ab"] for r in saved] == [r["p_ab"] for r in records]
+    drawn = plot_preferences(report["comparisons"][0], tmp_path / "again.png")
+    w = report["comparisons"][0]["weighted"]
+    by_p = sorted(w["per_prompt"], key=lambda r: r["p"])
+    assert drawn["p"] == [r["p"] for r in by_p] and drawn["p_ab"] == [r["p_ab"] for r in by_p]
+    assert drawn["mean"] == w["preference"] and drawn["ci95"] == w["ci95"]
+    # The report's section leads with the picture make_plots drew.
+    doc = {**report, "picture": "plots/preferences.png"}
+    body = evaluation_body(doc)
+    assert body.index("![Each held-out prompt's preference in both orders (a spread is "
+                      "position bias); the mean with its t 95% interval]"
+                      "(plots/preferences.png)") < next(
+        i for i, line in enumerate(body) if "weighted win rate" in line)

@@ -221,6 +221,14 @@ LEGEND = ("Sign test: exact two-sided binomial test of wins against losses, ties
           "length difference, read at zero; the slope is fitted on these prompts alone.")
 
 
+def figure_lines(picture: str | None) -> list[str]:
+    """The picture of the primary comparison's preferences (wim/report/plots.py)."""
+    if not picture:
+        return []
+    return [f"![Each held-out prompt's preference in both orders (a spread is position bias); "
+            f"the mean with its t 95% interval]({picture})", ""]
+
+
 WEIGHTED_LEGEND = ("Weighted win rate: the mean over prompts of p, the evaluator's "
                    "probability that a is better averaged over both orders (a tie's "
                    "probability split in half); the one-sample t-test of the mean against "
@@ -229,12 +237,15 @@ WEIGHTED_LEGEND = ("Weighted win rate: the mean over prompts of p, the evaluator
                    "the same p, read with the length term at zero.")
 
 
-def evaluation_body(doc: dict[str, Any], after_lead: list[str] = ()) -> list[str]:
-    """Warnings, the weighted lead (then `after_lead`), the hard-verdict primary comparison,
-    every comparison."""
+def evaluation_body(doc: dict[str, Any], after_lead: list[str] = (),
+                    picture: str | None = None) -> list[str]:
+    """Warnings, the picture of the primary comparison's preferences (`picture`, else the
+    doc's `picture`, a path set where it was drawn), the weighted lead (then `after_lead`),
+    the hard-verdict primary comparison, every comparison."""
     comparisons = doc.get("comparisons", [])
     weighted = weighted_table(comparisons)
-    return [*header_lines(doc), *weighted_lines(doc), *after_lead,
+    figure = figure_lines(picture or doc.get("picture"))
+    return [*header_lines(doc), *figure, *weighted_lines(doc), *after_lead,
             *(["**Every comparison, weighted (Holm family)**", "", WEIGHTED_LEGEND, "",
                *weighted, ""] if weighted else []),
             "**Hard verdicts** (each order's verdict text alone; orders that disagree are a "

@@ -216,9 +216,52 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
     return drawn
 
 
+def plot_preferences(comparison: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """One comparison's weighted preferences (eval.json `weighted.per_prompt`), one column per
+    prompt sorted by p: P(a better) with a shown first and with b shown first, joined by a
+    line (a long line is position bias), p their mean; the mean preference with its t 95%
+    interval as a band, and the 0.5 line. Returns {"p", "p_ab", "p_ba", "mean", "ci95"} as
+    drawn, or None without per-prompt preferences."""
+    w = comparison.get("weighted") or {}
+    rows = sorted((r for r in w.get("per_prompt") or [] if _finite(r.get("p"))),
+                  key=lambda r: r["p"])
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    xs = list(range(len(rows)))
+    drawn: dict[str, Any] = {"p": [r["p"] for r in rows], "mean": w.get("preference"),
+                             "ci95": w.get("ci95"), "p_ab": [], "p_ba": []}
+    for x, r in zip(xs, rows, strict=True):
+        if _finite(r.get("p_ab")) and _finite(r.get("p_ba")):
+            ax.plot([x, x], [r["p_ab"], r["p_ba"]], color="lightgrey", zorder=1)
+            ax.scatter([x], [r["p_ab"]], marker="^", color="tab:blue", s=18, zorder=2,
+                       label="_a shown first" if x else "a shown first")
+            ax.scatter([x], [r["p_ba"]], marker="v", color="tab:orange", s=18, zorder=2,
+                       label="_b shown first" if x else "b shown first")
+        drawn["p_ab"].append(r.get("p_ab"))
+        drawn["p_ba"].append(r.get("p_ba"))
+    ax.scatter(xs, drawn["p"], color="black", s=14, zorder=3, label="p (both orders)")
+    if _finite(w.get("preference")):
+        ci = w.get("ci95")
+        if ci:
+            ax.axhspan(ci[0], ci[1], color="tab:green", alpha=0.15, label="t 95% interval")
+        ax.axhline(w["preference"], color="tab:green", label=f"mean {w['preference']:.3f}")
+    ax.axhline(0.5, color="grey", linestyle=":")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks([])
+    ax.set_xlabel(f"held-out prompts ({len(rows)}), sorted by p")
+    ax.set_ylabel(f"P({comparison.get('a')} better than {comparison.get('b')})")
+    ax.legend(loc="upper left", fontsize="small", ncol=3)
+    _save(fig, path)
+    return drawn
+
+
 # Files this module writes; any other DIR/plots/*.png (a refinement run's quality-against-
 # tokens plot, ...) is embedded too, captioned with its file name.
 OWN_PLOTS = {
+    "preferences.png": "Blind evaluation, primary comparison: each held-out prompt's weighted "
+                       "preference in both orders, and the mean with its t 95% interval",
     "score_hist.png": "Score distributions, numeric vs WIM, on the 1-10 scale (x * 5 + 5)",
     "rounds.png": "Tie rate and mean absolute delta per round",
     "train.png": "DPO loss, reward margin and reward accuracy per step (TRL log history)",
@@ -246,6 +289,10 @@ def make_plots(cfg, run, report: dict[str, Any],
         plot_training(history, folder / "train.png")
     if evaluation:
         plot_win_rates(evaluation.get("comparisons", []), folder / "win_rates.png")
+        primary = next((c for c in evaluation.get("comparisons", []) if c.get("primary")), {})
+        if plot_preferences(primary, folder / "preferences.png"):
+            # The evaluation section leads with it (wim/report/evaluation.py).
+            evaluation["picture"] = "plots/preferences.png"
     found = sorted(p.name for p in folder.glob("*.png")) if folder.is_dir() else []
     ours = [(f"plots/{n}", c) for n, c in OWN_PLOTS.items() if n in found]
     return ours + [(f"plots/{n}", n) for n in found if n not in OWN_PLOTS]
