@@ -233,3 +233,17 @@ def test_the_picture_shows_both_orders_and_the_mean_with_its_interval(serve, tmp
                       "position bias); the mean with its t 95% interval]"
                       "(plots/preferences.png)") < next(
         i for i, line in enumerate(body) if "weighted win rate" in line)
+
+
+def test_the_cost_table_names_its_units():
+    from wim.report.build import render_markdown
+
+    cfg = load_config(QUICKSTART)
+    run = {"policy/model": "p", "judge/model": "j", "judge/role": "fixed", "judge/mode": "wim",
+           "judge/prompt": "ours", "score/embedder": "e", "time/eval": 39.061,
+           "tokens/judge/in": 1200, "http/judge/retries": 2}
+    md = render_markdown(run, cfg, [])
+    assert "| what | value | unit |" in md
+    assert "| time/eval | 39.061 | seconds (wall clock) |" in md
+    assert "| tokens/judge/in | 1200 | tokens |" in md
+    assert "| http/judge/retries | 2 | count |" in md

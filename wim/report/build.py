@@ -194,9 +194,10 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
         lines += ["", "## Per domain", "",
                   *tie_delta_table(["domain"], [s for s, _ in systems], rows)]
     lines += agreement_lines(agreement)
-    lines += ["", "## Cost and time", "", "| what | value |", "|---|---|"]
-    for key in sorted(k for k in r if k.startswith(("tokens/", "time/", "http/"))):
-        lines.append(f"| {key} | {_fmt(r[key])} |")
+    lines += ["", "## Cost and time", "", "| what | value | unit |", "|---|---|---|"]
+    units = {"tokens/": "tokens", "time/": "seconds (wall clock)", "http/": "count"}
+    for key in sorted(k for k in r if k.startswith(tuple(units))):
+        lines.append(f"| {key} | {_fmt(r[key])} | {units[key.split('/')[0] + '/']} |")
     if "train/steps" in r:
         lines += ["", "## Training (TRL DPO, LoRA)", "",
                   f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
