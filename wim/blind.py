@@ -85,16 +85,19 @@ class PairVerdict:
     probs: tuple[dict | None, dict | None] = (None, None)
     """Each order's probabilities of its verdicts {"A", "B", "tie"} (as shown in that order:
     in order b/a, "A" is answer b); None: no probabilities (hard verdict, or failed)."""
+    path: str = "top_logprobs"
+    """Where `probs` came from: `guided` (the transformers backend's guided step) or
+    `top_logprobs` (a server's, or llama.cpp's)."""
 
     @property
     def sources(self) -> tuple[str, str] | None:
-        """Per order where its preference came from: `probabilities` or `hard` (none given);
+        """Per order where its preference came from: `path` or `hard` (no probabilities);
         both `identical` for identical answers; None when the verdict failed."""
         if self.identical:
             return ("identical", "identical")
         if self.winner is None:
             return None
-        return tuple("probabilities" if p else "hard" for p in self.probs)  # type: ignore
+        return tuple(self.path if p else "hard" for p in self.probs)  # type: ignore
 
     @property
     def order_preferences(self) -> tuple[float, float] | None:
@@ -314,7 +317,9 @@ class BlindEvaluator:
             winner = None if failure else combine_orders(v1, v2)
             out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2,
                                    orders=order_verdicts(v1, v2),
-                                   probs=(None, None) if failure else (p1, p2)))
+                                   probs=(None, None) if failure else (p1, p2),
+                                   path="guided" if self.backend.supports_guide
+                                   else "top_logprobs"))
         return out
 
     def pointwise(self, questions: list[str], answers: list[str]) -> list[PointVerdict]:

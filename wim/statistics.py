@@ -75,8 +75,9 @@ class Outcomes:
     order_preferences: list[tuple[float, float] | None] = field(default_factory=list)
     """Per prompt of `values`: P(a better) in order a/b and in order b/a (None: pointwise)."""
     sources: list[str] = field(default_factory=list)
-    """Per prompt of `values`: `probabilities` (both orders), `hard` (at least one order gave
-    none: its hard verdict counted as probability 1), `identical` or `pointwise`."""
+    """Per prompt of `values`: `guided` or `top_logprobs` (both orders' probabilities came
+    from there; wim/blind.py), `hard` (at least one order gave none: its hard verdict counted
+    as probability 1), `identical` or `pointwise`."""
     prompt_ids: list[str] = field(default_factory=list)
     """Per prompt of `values`: its id."""
 

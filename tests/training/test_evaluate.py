@@ -136,12 +136,12 @@ def test_a_position_only_evaluator_gives_exactly_one_half_and_nothing_significan
     # Both orders kept: a shown first P(a) = 0.9 + 0.06 / 2; b shown first P(a) = 0.04 + 0.03.
     assert records[0]["p_ab"] == pytest.approx(0.93) and records[0]["p_ba"] == pytest.approx(0.07)
     assert records[0]["probs_ab"] == pytest.approx({"A": 0.9, "B": 0.04, "tie": 0.06})
-    assert w["sources"] == {"probabilities": 30} and report["hard_fallback"] == 0
+    assert w["sources"] == {"top_logprobs": 30} and report["hard_fallback"] == 0
     # The hard verdicts: every prompt's two orders disagree, so order agreement is 0.
     assert c["order_agreement"] == 0.0 and c["orders_compared"] == 30
     assert c["ties_split"]["order_disagreement"] == 30
     assert w["per_prompt"][0] == {"prompt_id": "p00", "p": 0.5, "p_ab": pytest.approx(0.93),
-                                  "p_ba": pytest.approx(0.07), "source": "probabilities"}
+                                  "p_ba": pytest.approx(0.07), "source": "top_logprobs"}
 
 
 def test_a_longer_answer_evaluator_is_found_significant_on_30_prompts(serve):

@@ -33,6 +33,7 @@ class _Row:
     value: list[int] = field(default_factory=list)  # tokens of the value (phase 2)
     value_top: dict[str, float] = field(default_factory=dict)  # with `record`: see above
     value_position: int = -1
+    steps: int = 0  # tokens this row has generated so far
 
 
 class FormatGuide(LogitsProcessor):
@@ -93,6 +94,7 @@ class FormatGuide(LogitsProcessor):
         return _Done()
 
     def _advance(self, row: _Row, token: int) -> None:
+        row.steps += 1
         if row.phase == 0:
             row.count += 1
             if token in self.newline_ids and row.seen_text:
@@ -133,7 +135,7 @@ class FormatGuide(LogitsProcessor):
                     logp = torch.log_softmax(kept.float(), dim=-1).tolist()
                     row.value_top = {self.tokenizer.decode([t]): lp
                                      for t, lp in zip(allowed, logp, strict=True)}
-                    row.value_position = generated
+                    row.value_position = row.steps
                 scores[i, :] = float("-inf")
                 scores[i, allowed] = kept
             elif row.phase == 0:

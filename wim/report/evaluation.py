@@ -160,8 +160,8 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
 
 
 WEIGHTED_HEAD = ("| comparison | n | weighted win rate | t 95% interval | p | p (Holm) | "
-                 "length-controlled (AlpacaEval 2.0 GLM) | from probabilities / hard / "
-                 "identical |")
+                 "length-controlled (AlpacaEval 2.0 GLM) | from token probabilities / "
+                 "hard / identical |")
 
 
 def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
@@ -176,7 +176,8 @@ def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
             cell(c.get("name", "")) + (" (primary)" if c.get("primary") else ""),
             num(w.get("n")), num(w.get("preference")), interval(w.get("ci95")),
             pval(w.get("p_value")), pval(w.get("p_holm")), num(w.get("lc_win_rate")),
-            " / ".join(str(src.get(k, 0)) for k in ("probabilities", "hard", "identical")),
+            f"{src.get('guided', 0) + src.get('top_logprobs', 0)} / {src.get('hard', 0)} / "
+            f"{src.get('identical', 0)}",
         ]) + " |")
     return lines
 
