@@ -163,7 +163,8 @@ class FlakyServer(JSONServer):
     def __init__(self) -> None:
         self.generate_up: int | None = None
         self.judge_up: int | None = None
-        self.requests = {"generate": 0, "judge": 0, "503": 0}
+        # Not `requests`: JSONServer keeps each request's (path, Authorization) there.
+        self.counts = {"generate": 0, "judge": 0, "503": 0}
         self.longest = 0  # characters of the longest request seen
         super().__init__()
 
@@ -174,12 +175,12 @@ class FlakyServer(JSONServer):
     def answer(self, messages: list[dict]) -> tuple[int, str]:
         kind = "judge" if any(m["role"] == "system" for m in messages) else "generate"
         with self.lock:
-            self.requests[kind] += 1
+            self.counts[kind] += 1
             self.longest = max(self.longest, sum(len(m["content"]) for m in messages))
             budget = getattr(self, f"{kind}_up")
             if budget is not None:
                 if budget <= 0:
-                    self.requests["503"] += 1
+                    self.counts["503"] += 1
                     return 503, ""
                 setattr(self, f"{kind}_up", budget - 1)
         if kind == "generate":

@@ -59,8 +59,8 @@ def test_a_judge_with_its_own_endpoint_sends_nothing_to_the_policy_server(tmp_pa
         judge.close()
     judgements = read_records(out / "judgements.jsonl")
     assert len(judgements) == 8 and all(j["judge_model"] == "judge-70b" for j in judgements)
-    assert policy.requests["judge"] == 0 and policy.requests["generate"] >= 4
-    assert judge.requests["generate"] == 0 and judge.requests["judge"] >= 8
+    assert policy.counts["judge"] == 0 and policy.counts["generate"] >= 4
+    assert judge.counts["generate"] == 0 and judge.counts["judge"] >= 8
     # The judge's endpoint is part of the run's identity: another judge server is refused.
     other = run_wim(["run", str(QUICKSTART), "--out", str(out), "--skip-train", "--no-progress",
                      *sets([*http_overrides(policy.url), "prompts.limit=4",

@@ -19,7 +19,7 @@ def test_one_line_per_request_only_with_verbose(flaky_server, tmp_path: Path, ve
     cmd = ["generate", str(QUICKSTART), "--out", str(tmp_path / "run"), "--no-progress",
            *verbose, *sets([*http_overrides(flaky_server.url), f"prompts.source={prompts}"])]
     err = run_wim(cmd).stderr
-    sent = sum(flaky_server.requests.values())
+    sent = sum(flaky_server.counts.values())
     assert sent >= len(PROMPTS)
     per_request = [line for line in err.splitlines()
                    if "POST " in line or "HTTP Request" in line]
