@@ -128,3 +128,25 @@ def test_compare_on_the_quickstart_config(tmp_path: Path):
     assert md.index("No result of this size can be significant") < md.index("| arm |")
     for name in ARMS:
         assert f"| {name} |" in md
+
+
+def test_compare_md_shows_the_unadjusted_p_beside_clopper_pearson():
+    from training.compare import _attach_wins, compare_markdown
+
+    base = {"name": "wim vs base", "a": "wim", "b": "base", "primary": False, "n": 20,
+            "wins": 12, "losses": 3, "ties": 5, "failures": 0, "win_rate": 0.725,
+            "bootstrap_95": [0.6, 0.85], "decisive_rate": 0.8, "decisive_95": [0.519, 0.957],
+            "p_value": 0.0352, "p_holm": 0.0704,
+            "weighted": {"preference": 0.61, "ci95": [0.52, 0.70], "p_value": 0.021,
+                         "p_holm": 0.042, "n": 20, "sources": {"top_logprobs": 20}}}
+    arm = {"name": "wim", "zeta": 1.0, "tie_rate": 0.1, "delta": 1.2, "pairs_kept": 30,
+           "usable_pairs_per_1k_judge_tokens": 2.5, "loss_first": 0.69, "loss_last": 0.5,
+           "reward_margin_last": 0.3}
+    report = {"evaluator": {"model": "m", "mode": "pairwise", "verdict": "weighted"},
+              "held_out_prompts": 20, "comparisons": [base], "arms": [arm]}
+    _attach_wins(report)
+    md = compare_markdown(report)
+    row = next(line for line in md.splitlines() if line.startswith("| wim | 1.00 |"))
+    # Clopper-Pearson, then the sign test's own unadjusted p, then Holm's.
+    assert row.endswith("| [0.519, 0.957] | 0.0352 | 0.0704 |")
+    assert "| 0.610 | [0.520, 0.700] | 0.042 |" in row  # the weighted test, Holm-adjusted
