@@ -43,10 +43,16 @@ def _print_eval(report: dict, path: Path) -> int:
         print(f"note: {report['mechanical_warning']}")
     if report.get("power_statement"):
         print(f"power: {report['power_statement']}")
+    if report.get("hard_fallback"):
+        print(f"note: {report['hard_fallback']} prompt(s) fell back to hard verdicts (the "
+              "evaluator's backend gave no token probabilities)")
     keep = ("name", "primary", "n", "wins", "losses", "ties", "failures", "decisive_rate",
             "decisive_95", "p_value", "p_holm", "win_rate", "bootstrap_95", "order_agreement",
             "length_adjusted_win_rate")
-    print(json.dumps([{k: c[k] for k in keep} for c in report["comparisons"]], indent=2))
+    weighted = ("preference", "ci95", "p_value", "p_holm", "lc_win_rate", "sources")
+    print(json.dumps([{**({"weighted": {k: c["weighted"].get(k) for k in weighted}}
+                          if c.get("weighted") else {}), **{k: c[k] for k in keep}}
+                      for c in report["comparisons"]], indent=2))
     if report.get("backend_failures"):
         print(f"wim: incomplete: {report['backend_failures']} verdicts were lost to backend "
               "failures (counted as failures, never as wins); run the same command again.",
