@@ -140,7 +140,10 @@ def _compute(batch: list[dict], missing: dict[int, bytes], identity: str,
     new = {k: t for k, t in texts.items() if k not in vectors}
     fresh: dict[bytes, np.ndarray] = {}
     if new:
-        embedded = lazy.get().embed(list(new.values()))
+        embedder = lazy.get()
+        embedded = embedder.embed(list(new.values()))
+        if hasattr(embedder, "forget"):
+            embedder.forget()  # the store keeps the vectors; the embedder's cache would grow
         fresh = dict(zip(new, embedded, strict=True))
         vectors.update(fresh)
         counts["embedded_texts"] += len(new)
