@@ -287,7 +287,9 @@ def _read_parquet(path: Path, label: str = "Prompt", column: str | None = "promp
     import pyarrow.parquet as pq  # slow to import; only parquet sources need it
 
     try:
-        table = pq.ParquetFile(path)
+        # No pre-buffering, no reader threads: with them pyarrow's pool kept ~1.2 KB per row
+        # read (124 MB more after 100k UltraFeedback rows); without, the RSS stays flat.
+        table = pq.ParquetFile(path, pre_buffer=False)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise _unreadable(path, label, column, e) from e
     names = table.schema_arrow.names
@@ -299,7 +301,7 @@ def _read_parquet(path: Path, label: str = "Prompt", column: str | None = "promp
 def _parquet_rows(table) -> Iterator[tuple[str, Any]]:
     index = 0
     with table:
-        for batch in table.iter_batches(batch_size=_CHUNK_ROWS):
+        for batch in table.iter_batches(batch_size=_CHUNK_ROWS, use_threads=False):
             for record in batch.to_pylist():
                 yield f"row {index} (counting from 0)", record
                 index += 1
