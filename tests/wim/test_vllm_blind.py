@@ -29,7 +29,9 @@ def test_weighted_verdicts_come_from_top_logprobs(vllm_server, tmp_path):
     answers = {name: [{"system": name, "prompt_id": p.id, "response": t}
                       for p, t in zip(prompts, texts, strict=True)]
                for name, texts in (("a", A), ("b", B))}
-    evaluator = BlindEvaluator(HTTPBackend([proxy.url], vllm_server.name, max_retries=1),
+    # A loaded 2-core machine can take minutes per request.
+    evaluator = BlindEvaluator(HTTPBackend([proxy.url], vllm_server.name, max_retries=1,
+                                           timeout_s=600),
                                model_name=vllm_server.name)
     try:
         outcomes, records = blind_comparisons(evaluator, "pairwise", prompts, answers,
