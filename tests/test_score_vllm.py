@@ -48,7 +48,7 @@ def _start(port: int, log: Path):
     proc = launcher.start(resolve_embedder("bundled:all-minilm-l6-v2"), port, log)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        launcher.wait_ready(url, proc, log)
+        launcher.wait_ready(url, proc, log, timeout_s=900)  # a busy 2-core machine is slow
     except RuntimeError as exc:
         launcher.stop(proc)
         pytest.fail(str(exc))

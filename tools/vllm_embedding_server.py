@@ -20,10 +20,11 @@ SERVED_NAME = "minilm"
 
 def command(python: Path, model_dir: str, port: int, name: str = SERVED_NAME) -> list[str]:
     # --max-model-len 256: sentence-transformers' MiniLM reads at most 256 tokens of a text.
+    # --dtype float32: left to itself the CPU build loads MiniLM in float16.
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-            "--served-model-name", name, "--runner", "pooling", "--host", "127.0.0.1",
-            "--port", str(port), "--max-model-len", "256", "--gpu-memory-utilization", "0.15",
-            "--disable-log-stats"]
+            "--served-model-name", name, "--runner", "pooling", "--dtype", "float32",
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+            "--gpu-memory-utilization", "0.15", "--disable-log-stats"]
 
 
 def start(model_dir: str, port: int, log_path: Path, python: Path = DEFAULT_PYTHON,
