@@ -226,19 +226,27 @@ def _choice_of(token: str) -> str | None:
     return None
 
 
+_MASKED = -50.0
+"""A listed token at or below this logprob was masked by guided decoding (vLLM lists masked
+tokens at -9999): it does not make a position a verdict position."""
+
+
 def verdict_probabilities(top_logprobs, verdict: str | None) -> dict[str, float] | None:
     """{"A", "B", "tie"} -> probability at the verdict position, normalized over the three;
-    None when there is no such position. The verdict position is the last generated one whose
-    most likely token starts the parsed `verdict` (the verdict comes last in both formats);
-    the probability of a choice sums every listed token that starts it ("t", "ti" and "tie"
-    are all a tie). Other tokens at that position (" C", punctuation) are left out."""
+    None when there is no such position. The verdict position is the last generated one (the
+    verdict comes last in both formats) that lists at least two of the choices unmasked, or
+    whose most likely token starts the parsed `verdict` (a peaked distribution); the
+    probability of a choice sums every listed token that starts it ("t", "ti" and "tie" are
+    all a tie). Other tokens at that position (" C", punctuation) are left out. A sampled
+    retry's verdict need not be the most likely one, hence the first rule."""
     if verdict is None:
         return None
     for position in reversed(top_logprobs or ()):
         if not position:
             continue
         best = max(position, key=position.get)
-        if _choice_of(best) != verdict:
+        listed = {_choice_of(t) for t, lp in position.items() if lp > _MASKED} - {None}
+        if len(listed) < 2 and _choice_of(best) != verdict:
             continue
         mass = {"A": 0.0, "B": 0.0, "tie": 0.0}
         for token, logprob in position.items():

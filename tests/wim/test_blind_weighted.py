@@ -53,3 +53,21 @@ def test_guided_verdict_probabilities_are_the_models_distribution():
         assert p_ba == pytest.approx(v.probs[1]["B"] + v.probs[1]["tie"] / 2)
         assert v.preference == pytest.approx((p_ab + p_ba) / 2)
         assert all(math.isclose(sum(p.values()), 1.0) for p in v.probs)
+
+
+def test_verdict_probabilities_find_the_verdict_position():
+    from wim.blind import verdict_probabilities
+
+    lp = math.log
+    reason = {" A": lp(0.5), " B": lp(0.4), " the": lp(0.1)}  # "Answer A is ..." in the reason
+    verdict = {"A": lp(0.2), "B": lp(0.5), "t": lp(0.2), "tie": lp(0.1)}
+    after = {'"}': 0.0, "A": -9999.0, "B": -9999.0}  # masked by the guide
+    got = verdict_probabilities((reason, {}, verdict, after), "B")
+    assert got == {"A": pytest.approx(0.2), "B": pytest.approx(0.5), "tie": pytest.approx(0.3)}
+    # A sampled retry wrote "A", not the most likely "B": still that position.
+    assert verdict_probabilities((reason, verdict, after), "A") == got
+    # A peaked distribution listing one choice; none at all; no verdict parsed.
+    assert verdict_probabilities(({" A": 0.0, ".": -30.0},), "A") == {"A": 1.0, "B": 0.0,
+                                                                       "tie": 0.0}
+    assert verdict_probabilities((), "A") is None
+    assert verdict_probabilities((verdict,), None) is None
