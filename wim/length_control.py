@@ -38,9 +38,10 @@ def _soft_log_loss(y_true, y_pred, true_prob):
     return -np.mean(target * np.log(pred) + (1 - target) * np.log(1 - pred))
 
 
-def length_controlled(preferences: list[float], len_a: list[int], len_b: list[int]) -> dict:
+def length_controlled(preferences: list[float], length_diffs: list[float]) -> dict:
     """{"lc_win_rate", "theta_len", "theta_q", "lc_note"} for system a (the model) against b
-    (the baseline); the rate is None, with a note, when the GLM cannot be fitted."""
+    (the baseline), from each prompt's preference for a and len(a) - len(b) in characters;
+    the rate is None, with a note, when the GLM cannot be fitted."""
     import sklearn
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.metrics import make_scorer
@@ -48,7 +49,7 @@ def length_controlled(preferences: list[float], len_a: list[int], len_b: list[in
 
     out = {"lc_win_rate": None, "theta_len": None, "theta_q": None, "lc_note": None}
     y = np.asarray(preferences, float)
-    d = np.asarray(len_b, float) - np.asarray(len_a, float)
+    d = -np.asarray(length_diffs, float)  # len(baseline) - len(model), as theirs
     if len(y) < MIN_PROMPTS:
         return {**out, "lc_note": f"{len(y)} prompt(s): GroupKFold({N_SPLITS}) needs "
                                   f"{MIN_PROMPTS}"}
