@@ -21,7 +21,7 @@ SECOND = ["5, I think", "Green", "Because of gravity, mostly, and wind."]
 def test_guided_verdict_probabilities_are_the_models_distribution():
     backend = TransformersBackend.load("bundled:smollm2-135m-instruct", batch_size=3)
     tok, model = backend.tokenizer, backend.model
-    convs = [build_pair_messages(q, a, b) for q, a, b in zip(QUESTIONS, FIRST, SECOND)]
+    convs = [build_pair_messages(q, a, b) for q, a, b in zip(QUESTIONS, FIRST, SECOND, strict=True)]
     params = SamplingParams(48, 0.0, guide_label="Verdict:", guide_choices=("A", "B", "tie"),
                             top_logprobs=8)
     outs = [c[0] for c in backend.generate(convs, params, prefill=REASON_PREFILL)]
