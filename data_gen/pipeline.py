@@ -296,7 +296,7 @@ def _judge(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progre
 
 def _score(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
            fingerprint: str) -> dict[str, Any]:
-    return score_run(cfg, run)
+    return score_run(cfg, run, progress=progress)
 
 
 def _pairs(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,

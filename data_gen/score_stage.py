@@ -51,6 +51,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
     store = SimilarityStore(run.file(STORE))
     lazy = _LazyEmbedder(cfg, embedder)
     out = None  # opened with the first batch: a first record that fails leaves no file
+    bar = _bar(run, progress)
     try:
         for first, batch in _batches(run, size * _window(cfg, embedder)):
             sims = _similarities(batch, identity, policy, zeta, store, lazy, counts)
@@ -63,8 +64,10 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
             counts["records"] += len(records)
             out = out or JsonlAppender(run.scores)
             out.write_all(records[max(0, kept - first):])
+            bar.update(len(records))
         store.drop_vectors()
     finally:
+        bar.close()
         for part in (out, store, lazy):
             if part is not None:
                 part.close()
@@ -208,6 +211,18 @@ def _require(run: RunDir) -> None:
         raise RunDirError(
             f"{path} {state}, so there is nothing to work on. Run `wim judge {run.path}` first "
             f"(or `wim run CONFIG --out {run.path}` for every stage).")
+
+
+def _bar(run: RunDir, progress: bool):
+    """A progress bar over the judgements (counted by their lines: one fast pass of bytes)."""
+    from tqdm.auto import tqdm
+
+    total = None
+    if progress:
+        with open(run.judgements, "rb") as f:
+            total = sum(1 for _ in f)
+    return tqdm(total=total, desc="score", unit="judgement", disable=not progress,
+                dynamic_ncols=True)
 
 
 def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
