@@ -58,9 +58,10 @@ def test_weighted_verdicts_come_from_top_logprobs(vllm_server, tmp_path):
         for order, shown_a in (("ab", "A"), ("ba", "B")):
             probs = r[f"probs_{order}"]
             assert math.isclose(sum(probs.values()), 1.0)
-            # The verdict the server wrote (greedy) is the most likely one at that position.
-            # (The bundled model may pad the JSON with newlines up to the token limit.)
+            # The verdict the server wrote has mass in the distribution read at its position.
+            # (Not necessarily the most: "tie" sums up to three tokens, t, ti and tie, and a
+            # retry samples. The bundled model may pad the JSON with newlines.)
             verdict = parse_verdict(r["raw"][0 if order == "ab" else -1])[0]
-            assert max(probs, key=probs.get) == verdict
+            assert probs[verdict] > 0, (verdict, probs)
             assert r[f"p_{order}"] == probs[shown_a] + probs["tie"] / 2
         assert r["preference"] == round((r["p_ab"] + r["p_ba"]) / 2, 10)
