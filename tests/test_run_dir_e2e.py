@@ -90,6 +90,7 @@ def test_rerun_of_a_finished_run_redoes_nothing(finished, tmp_path: Path, monkey
     cmd = [out if arg == str(original) else arg for arg in cmd]
     adapter = out / "train" / "adapter" / "adapter_model.safetensors"
     before = {p: _sha(p) for p in out.rglob("*.jsonl")} | {adapter: _sha(adapter)}
+    scores_before = (out / "scores.jsonl").read_bytes()
     # In this process, to count every model load (policy, judge, embedder: all of them go
     # through transformers' `from_pretrained`).
     loads = _count_model_loads(monkeypatch)
@@ -101,8 +102,13 @@ def test_rerun_of_a_finished_run_redoes_nothing(finished, tmp_path: Path, monkey
         assert f"stage {stage}: config and inputs unchanged" in log
     assert {p: _sha(p) for p in before} == before  # the adapter is the same file
     assert loads == []  # no model was loaded
-    # The counter counts: a stage whose output is gone loads its model again (the embedder).
+    # Scores gone, similarities stored: scored again without loading the embedder.
     (out / "scores.jsonl").unlink()
+    assert main(["score", str(out), "--no-progress"]) == 0
+    assert loads == [] and (out / "scores.jsonl").read_bytes() == scores_before
+    # The counter counts: a stage whose inputs are gone loads its model again (the embedder).
+    (out / "scores.jsonl").unlink()
+    (out / "similarities.sqlite").unlink()
     assert main(["score", str(out), "--no-progress"]) == 0
     assert loads
     # A downstream change reruns only what depends on it: the pairs, training and report.
