@@ -26,7 +26,7 @@ import numpy as np
 from data_gen.similarity_store import STORE, SimilarityStore, pair_key, text_key
 from data_gen.stages import _write_stats
 from wim.config import Config
-from wim.records import JsonlAppender, RecordsError, record_key
+from wim.records import JsonlAppender, iter_keyed, iter_records, record_key
 from wim.rundir import RunDir, RunDirError
 from wim.scoring import check_judgement, check_numeric, has_critique, score_record
 
@@ -206,7 +206,7 @@ class _LazyEmbedder:
 def _require(run: RunDir) -> None:
     """A clear error when there are no judgements (a stage never succeeds on nothing)."""
     path = run.judgements
-    if next(_records(path), None) is None:
+    if next(iter_records(path), None) is None:
         state = "is empty" if path.exists() else "does not exist"
         raise RunDirError(
             f"{path} {state}, so there is nothing to work on. Run `wim judge {run.path}` first "
@@ -229,7 +229,7 @@ def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
     """(index of the first record, validated judgements) of each batch of `size`."""
     batch: list[dict] = []
     first = 0
-    for number, (_, j) in enumerate(_records(run.judgements), start=1):
+    for number, (_, j) in enumerate(iter_keyed(run.judgements), start=1):
         check_judgement(j, f"{run.judgements}, record {number}")
         batch.append(j)
         if len(batch) == size:
@@ -237,25 +237,6 @@ def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
             first, batch = first + size, []
     if batch:
         yield first, batch
-
-
-def _records(path) -> Iterator[tuple[int, dict]]:
-    """(byte offset, record) of each complete line; a torn last line is not a record."""
-    if not path.exists():
-        return
-    with path.open("rb") as f:
-        offset = 0
-        for number, line in enumerate(f, start=1):
-            start, offset = offset, offset + len(line)
-            if not line.endswith(b"\n"):
-                return
-            if not line.strip():
-                continue
-            try:
-                yield start, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RecordsError(f"{path}, line {number}: not valid JSON ({err.msg}). The file "
-                                   "is corrupt; delete it to rebuild this stage.") from None
 
 
 def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:
@@ -266,8 +247,8 @@ def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:
     same = marker.is_file() and json.loads(marker.read_text() or "null") == settings
     kept = 0
     if same and run.scores.exists():
-        judged = _records(run.judgements)
-        for _, score in _records(run.scores):
+        judged = iter_records(run.judgements)
+        for _, score in iter_records(run.scores):
             j = next(judged, None)
             if j is None or record_key(j[1]) != record_key(score):
                 break

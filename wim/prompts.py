@@ -338,7 +338,7 @@ def _read_hub(source: str, split: str, limit: int | None, label: str = "Prompt",
     if offline is not None:
         raise PromptsError(
             f"{_what(label)} {source!r} is not an existing file or folder, and the Hugging Face "
-            f"Hub is offline from here: {offline}. {hint}"
+            f"Hub (split {split!r}) is offline from here: {offline}. {hint}"
         )
     try:
         import datasets  # slow to import; only hub sources need it

@@ -222,6 +222,9 @@ def test_hub_failure_becomes_one_paragraph(monkeypatch: pytest.MonkeyPatch) -> N
         raise ConnectionError("Couldn't reach the Hub\nsecond line of detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    # Offline mode skips the reachability probe, so the failure comes from `load_dataset` on any
+    # machine (CI machines without network failed the probe first).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PromptsError) as info:
         load_prompts("someone/some-prompts", split="test")
     message = str(info.value)

@@ -90,7 +90,9 @@ def test_a_file_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
 def test_stages_refuse_a_file_with_repeated_keys(tmp_path: Path) -> None:
     out = tmp_path / "run"
     RunDir(out).claim(load_config(QUICKSTART))
-    record = {"prompt_id": "a", "sample_idx": 0, "parse_ok": True}
+    # A complete judgement, so that only the repeated key is wrong.
+    record = {"prompt_id": "a", "sample_idx": 0, "response": "r", "critique": "c", "rating": 5,
+              "parse_ok": True}
     (out / "judgements.jsonl").write_text((json.dumps(record) + "\n") * 2)
     proc = run_wim(["score", str(out)], check=False)
     assert proc.returncode == 2 and "appears twice" in proc.stderr
