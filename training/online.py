@@ -32,23 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
+from wim.pairs import choose
 from wim.rundir import RunDir
-from wim.scoring import is_tie, to_ten_point
+from wim.scoring import is_tie
 
 
 def choose_pair(a: float | None, b: float | None, tolerance: float, tie_policy: str
                 ) -> tuple[bool, bool, bool]:
-    """(first_chosen, keep, tie) for completions scored a and b (None: a failed judgement).
-
-    The higher score is chosen. Scores within `tolerance` of each other on the 1-10 scale tie:
-    the first completion is chosen (`first`) or the pair is dropped (`drop`). A pair with a
-    failed judgement has no verdict and is dropped.
-    """
+    """(first_chosen, keep, tie) for completions scored a and b (None: a failed judgement),
+    by the pairs' tie rule (`wim.pairs.choose`, `a` the first completion). A pair with a failed
+    judgement has no verdict and is dropped."""
     if a is None or b is None:
         return True, False, False
-    if is_tie(to_ten_point(a) - to_ten_point(b), tolerance):
-        return True, tie_policy == "first", True
-    return a > b, True, False
+    a_chosen, tie = choose(a, b, tolerance, tie_policy)
+    return a_chosen is not False, a_chosen is not None, tie
 
 
 class WimReward:

@@ -100,19 +100,36 @@ def _candidates(usable, cfg: PairsConfig, rng: random.Random):
     return list(itertools.combinations(usable, 2))
 
 
+def choose(a: float, b: float, tolerance: float, tie_policy: str, a_first: bool = True,
+           rng: random.Random | None = None) -> tuple[bool | None, bool]:
+    """The one tie rule, for offline pairs and online DPO alike: (is `a` chosen, None when
+    the pair is dropped; was it a tie). The higher score is chosen unless the two tie
+    (`is_tie` on the 1-10 scale); a tie is dropped (`drop`), goes to the first completion
+    (`first`; `a_first` says which that is) or to a coin of `rng` (`random`)."""
+    if not is_tie(ten_point_gap(a, b), tolerance):
+        return a > b, False
+    if tie_policy == "drop":
+        return None, True
+    if tie_policy == "first":
+        return a_first, True
+    return rng.random() < 0.5, True
+
+
 def _order(a, b, cfg: PairsConfig, rng: random.Random, counts: PairCounts):
     """(chosen, rejected), or (None, None) when a tie is dropped."""
-    if not is_tie(ten_point_gap(a["score"], b["score"]), cfg.tie_tolerance):
-        return (a, b) if a["score"] > b["score"] else (b, a)
-    counts.ties += 1
-    if cfg.tie_policy == "drop":
-        counts.ties_dropped += 1
+    a_chosen, tie = choose(a["score"], b["score"], cfg.tie_tolerance, cfg.tie_policy,
+                           a_first=a["sample_idx"] < b["sample_idx"], rng=rng)
+    if tie:
+        counts.ties += 1
+        if a_chosen is None:
+            counts.ties_dropped += 1
+        elif cfg.tie_policy == "first":
+            counts.ties_kept_first += 1
+        else:
+            counts.ties_kept_random += 1
+    if a_chosen is None:
         return None, None
-    if cfg.tie_policy == "first":
-        counts.ties_kept_first += 1
-        return (a, b) if a["sample_idx"] < b["sample_idx"] else (b, a)
-    counts.ties_kept_random += 1
-    return (a, b) if rng.random() < 0.5 else (b, a)
+    return (a, b) if a_chosen else (b, a)
 
 
 def pair_row(chosen: dict[str, Any], rejected: dict[str, Any]) -> dict[str, Any]:
