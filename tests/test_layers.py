@@ -149,3 +149,14 @@ def test_the_report_is_a_package_of_the_core_library():
 
     assert write_report.__module__.startswith("wim.report.")
     assert not (ROOT / "training" / "report.py").exists()
+
+
+def test_the_config_imports_nothing_it_configures():
+    """wim/config sits below every feature: the features import their choices from it (e.g.
+    precision's DTYPES, refine's CRITERIA), never the other way, so loading a config runs no
+    feature code."""
+    graph = import_graph()
+    config = {m for m in graph if m == "wim.config" or m.startswith("wim.config.")}
+    outside = {m: sorted(t for t in graph[m] if t not in config and t != "wim.errors")
+               for m in config}
+    assert {m: t for m, t in outside.items() if t} == {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-OVERLONG_RULES = ("truncate", "skip")
 CUT_MARKER = "\n[... cut to fit the context ...]\n"
 
 

@@ -13,9 +13,8 @@ import functools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from wim.config.sampling import DTYPES
 from wim.errors import WimError
-
-DTYPES = ("auto", "float32", "bfloat16")
 
 
 class DtypeError(WimError):

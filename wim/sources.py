@@ -31,9 +31,6 @@ from wim.prompts import Prompt, PromptRef, _is_missing, _to_prompt, hub_offline_
 
 logger = logging.getLogger(__name__)
 
-SHAPES = ("auto", "responses", "ultrafeedback", "preference")
-COLUMN_KEYS = ("prompt", "id", "domain", "responses", "completions", "model", "response",
-               "rating", "chosen", "rejected")
 _DEFAULTS = {"prompt": "prompt", "id": "id", "domain": "domain", "responses": "responses",
              "completions": "completions", "model": "model", "response": "response",
              "rating": "overall_score", "chosen": "chosen", "rejected": "rejected"}

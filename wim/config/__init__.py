@@ -8,7 +8,7 @@ with the file and the dotted key, so a typo never silently falls back to a defau
 sampling.py (prompts, policy, generation), endpoints.py (http, judge.http), judging.py (judge,
 scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval),
 output.py (card, report) and
-wim/refine/config.py (refine). checks.py: range, choice and combination checks;
+refine.py (refine). checks.py: range, choice and combination checks;
 yaml_dataclasses.py: YAML into dataclasses. Import any of them from `wim.config`.
 """
 
@@ -27,10 +27,10 @@ from wim.config.endpoints import HTTPConfig, JudgeHTTPConfig
 from wim.config.evaluation import BlindConfig, EvalConfig
 from wim.config.judging import ExportConfig, JudgeConfig, PairsConfig, ScoringConfig
 from wim.config.output import CardConfig, ReportConfig
+from wim.config.refine import RefineConfig
 from wim.config.sampling import GenerationConfig, PolicyConfig, PromptsConfig
 from wim.config.yaml_dataclasses import apply_overrides, build_dataclass, read_yaml
 from wim.errors import ConfigError
-from wim.refine.config import RefineConfig
 
 __all__ = ["BlindConfig", "CardConfig", "Config", "ConfigError", "DPOSection", "EvalConfig",
            "ExportConfig", "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig",

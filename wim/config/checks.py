@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config.output import validate_output
+from wim.config.sampling import DTYPES, OVERLONG_RULES, SOURCE_COLUMN_KEYS, SOURCE_SHAPES
 from wim.errors import ConfigError
 
 _CHOICES = {
@@ -17,8 +18,8 @@ _CHOICES = {
     "judge.role": ("fixed", "changing", "external"),
     "judge.mode": ("wim", "numeric"),
     "judge.instructions_in": ("system", "user"),
-    "generation.overlong": ("truncate", "skip"),
-    "judge.overlong": ("truncate", "skip"),
+    "generation.overlong": OVERLONG_RULES,
+    "judge.overlong": OVERLONG_RULES,
     "judge.prompt": ("ours", "authors"),
     "judge.on_parse_failure": ("exclude", "authors"),
     "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
@@ -29,11 +30,11 @@ _CHOICES = {
     "training.adapter": ("continue", "fresh"),
     "training.mode": ("offline", "online"),
     "training.online_tie_policy": ("drop", "first"),
-    "generation.source_shape": ("auto", "responses", "ultrafeedback", "preference"),
-    "policy.dtype": ("auto", "float32", "bfloat16"),
-    "judge.dtype": ("auto", "float32", "bfloat16"),
-    "blind.dtype": ("auto", "float32", "bfloat16"),
-    "scoring.dtype": ("auto", "float32", "bfloat16"),
+    "generation.source_shape": SOURCE_SHAPES,
+    "policy.dtype": DTYPES,
+    "judge.dtype": DTYPES,
+    "blind.dtype": DTYPES,
+    "scoring.dtype": DTYPES,
     "scoring.backend": ("sentence_transformers", "http"),
     "http.adapter_serving": ("none", "vllm"),
     "dpo.reference_pass": ("auto", "precompute", "per_step"),
@@ -168,12 +169,11 @@ def _validate_combinations(cfg, fail) -> None:
 
 def _validate_source(cfg, fail) -> None:
     """generation.source: existing responses instead of sampling (wim/sources.py)."""
-    from wim.sources import COLUMN_KEYS
-
     g = cfg.generation
     for key, name in g.source_columns.items():
-        if key not in COLUMN_KEYS:
-            fail("generation.source_columns", f"use only the keys {', '.join(COLUMN_KEYS)}", key)
+        if key not in SOURCE_COLUMN_KEYS:
+            fail("generation.source_columns",
+                 f"use only the keys {', '.join(SOURCE_COLUMN_KEYS)}", key)
         if not isinstance(name, str) or not name:
             fail(f"generation.source_columns.{key}", "be a column or key name", name)
     if g.source is None:
@@ -196,9 +196,8 @@ def _validate_source(cfg, fail) -> None:
 
 
 def _validate_refine(r, fail) -> None:
-    """The `refine:` section (wim/refine/config.py)."""
-    from wim.refine.config import FLAGS, POLICY_NAMES
-    from wim.refine.controller import CRITERIA
+    """The `refine:` section (refine.py)."""
+    from wim.config.refine import CRITERIA, FLAGS, POLICY_NAMES
 
     for key in ("max_attempts", "ensemble_n"):
         if getattr(r, key) < 1:

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DTYPES = ("auto", "float32", "bfloat16")
+"""Compute dtypes of every model section (`auto`: bfloat16 where the device computes it natively,
+float32 elsewhere; wim/precision.py decides)."""
+OVERLONG_RULES = ("truncate", "skip")
+"""What `generation.overlong` and `judge.overlong` do with a text over the context."""
+SOURCE_SHAPES = ("auto", "responses", "ultrafeedback", "preference")
+"""The layouts of a `generation.source` (wim/sources.py reads each)."""
+SOURCE_COLUMN_KEYS = ("prompt", "id", "domain", "responses", "completions", "model", "response",
+                      "rating", "chosen", "rejected")
+"""The keys of `generation.source_columns`: a source's column names for each."""
+
 
 @dataclass
 class PromptsConfig:

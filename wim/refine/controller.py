@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CRITERIA = ("factuality", "coherence", "evidence_support", "depth_of_analysis",
-            "linguistic_robustness")
+from wim.config.refine import CRITERIA
+
 CRITICAL = ("factuality", "evidence_support")
 EPS = 1e-9
 

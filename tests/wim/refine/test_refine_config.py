@@ -11,7 +11,7 @@ from wim.config import ConfigError, load_config
 
 
 def test_every_refine_field_has_help_text():
-    import wim.refine.config as module
+    import wim.config.refine as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     undocumented = []

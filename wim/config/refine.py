@@ -1,13 +1,14 @@
-"""The `refine:` config section (`wim refine`), imported by wim/config/__init__.py.
-
-Kept beside the package it configures; it imports nothing from wim.
-"""
+"""The `refine:` config section (`wim refine`, wim/refine/), with the names its checks accept:
+the criteria, flags and policies that wim/refine imports from here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+CRITERIA = ("factuality", "coherence", "evidence_support", "depth_of_analysis",
+            "linguistic_robustness")
+"""What the blind outcome evaluator scores (wim/refine/controller.py), each in [0, 1]."""
 FLAGS = ("unsupported_claim", "citation_mismatch", "contradiction", "truncated", "empty_answer")
 """Diagnostic flags the fixed rules of wim/refine/evaluator.py can raise (penalty table keys)."""
 POLICY_NAMES = ("none", "hard_cap", "dynamic", "vrr_stop", "vrr_stop_calibrated", "vrr_guard")
