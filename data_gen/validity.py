@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from data_gen.validity_table import GoldPair, fmt, fmt_p, systems_table_lines, validity_table
 from wim.config import Config
 from wim.errors import InputError
+from wim.records import read_input_jsonl
 from wim.statistics import MECHANICAL_WARNING, is_bundled
 
 logger = logging.getLogger(__name__)
@@ -67,26 +68,19 @@ def _pair(record, index: int, where: str) -> GoldPair:
 def load_gold(source: str | None = None, limit: int | None = None) -> list[GoldPair]:
     """Gold pairs from the bundled set (None or "bundled") or a .jsonl/.json/.csv file."""
     if source in (None, BUNDLED_GOLD):
-        text = resources.files("wim").joinpath("data", "gold_pairs.jsonl").read_text()
-        path = Path("wim/data/gold_pairs.jsonl")
+        path = Path(str(resources.files("wim").joinpath("data", "gold_pairs.jsonl")))
     else:
         path = Path(source).expanduser()
         if not path.is_file():
             raise InputError(f"gold file '{path}' does not exist; give a .jsonl or .csv with "
                              "prompt, chosen, rejected, or leave --gold out for the bundled set.")
-        text = path.read_text(encoding="utf-8")
     pairs = []
     if path.suffix.lower() == ".csv":
+        text = path.read_text(encoding="utf-8")
         for i, row in enumerate(csv.DictReader(text.splitlines())):
             pairs.append(_pair(row, i, f"{path}: row {i + 2}"))
     else:
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as err:
-                raise InputError(f"{path}: line {n} is not valid JSON ({err}).") from None
+        for n, record in read_input_jsonl(path, "Gold", InputError):
             pairs.append(_pair(record, len(pairs), f"{path}: line {n}"))
     if not pairs:
         raise InputError(f"{path} holds no gold pairs.")

@@ -8,7 +8,6 @@ typo in row 4,000 is found before any model is loaded.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import numbers
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wim.errors import WimError
+from wim.records import one_line, read_input_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def _read_saved(path: Path, split: str, label: str, column: str | None
     except (FileNotFoundError, ValueError, OSError) as e:
         raise PromptsError(
             f"{label} folder {str(path)!r} is not a dataset saved with `save_to_disk` "
-            f"({_one_line(e)}). Point {_key(label)} at a .jsonl, .csv or .parquet file, or at "
+            f"({one_line(e)}). Point {_key(label)} at a .jsonl, .csv or .parquet file, or at "
             "a folder that `datasets.load_from_disk` reads."
         ) from e
     if isinstance(dataset, datasets.DatasetDict):
@@ -187,39 +187,8 @@ def _read_saved(path: Path, split: str, label: str, column: str | None
 
 
 def _read_jsonl(path: Path, label: str = "Prompt") -> Iterator[tuple[str, Any]]:
-    """Parse JSON lines into (location, record) pairs, line by line; blank lines are skipped."""
-    try:
-        f = path.open(encoding="utf-8-sig")
-    except OSError as e:
-        raise PromptsError(f"{label} file {str(path)!r} could not be read ({_one_line(e)}).") from e
-    return _jsonl_rows(f, path, label)
-
-
-def _jsonl_rows(f, path: Path, label: str) -> Iterator[tuple[str, Any]]:
-    with f:
-        number = 0
-        while True:
-            try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                raise PromptsError(
-                    f"{label} file {str(path)!r}, line {number + 1}: not UTF-8 text "
-                    f"({_one_line(e)}). Save it as UTF-8 JSON lines, one object per line."
-                ) from e
-            if not line:
-                return
-            number += 1
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptsError(
-                    f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at "
-                    f"column {e.colno}). Each non-blank line must be one JSON object"
-                    f"{_array_hint(line)}; fix that line or remove it."
-                ) from e
-            yield f"line {number}", record
+    """(location, record) pairs, line by line; blank lines are skipped."""
+    return ((f"line {n}", r) for n, r in read_input_jsonl(path, label, PromptsError))
 
 
 def _missing_column(path: Path, label: str, column: str, columns) -> PromptsError:
@@ -235,7 +204,7 @@ def _missing_column(path: Path, label: str, column: str, columns) -> PromptsErro
 def _unreadable(path: Path, label: str, column: str | None, e: BaseException) -> PromptsError:
     kind = path.suffix.lower().lstrip(".")
     return PromptsError(
-        f"{label} file {str(path)!r} could not be read as {kind} ({_one_line(e)}). "
+        f"{label} file {str(path)!r} could not be read as {kind} ({one_line(e)}). "
         f"Check that it is a valid {kind} file with a {column or 'prompt'!r} column."
     )
 
@@ -272,7 +241,7 @@ def _csv_rows(chunks, path: Path, label: str, column: str | None) -> Iterator[tu
             except (OSError, ValueError) as e:
                 raise PromptsError(
                     f"{label} file {str(path)!r}, after row {index - 1} (counting from 0, "
-                    f"header excluded): not valid CSV ({_one_line(e)}). Fix that row."
+                    f"header excluded): not valid CSV ({one_line(e)}). Fix that row."
                 ) from e
             if index == 0 and column is not None and column not in frame.columns:
                 raise _missing_column(path, label, column, frame.columns)
@@ -324,7 +293,7 @@ def hub_offline_reason() -> str | None:
     try:
         socket.create_connection((host, port), timeout=3).close()
     except OSError as e:
-        return f"{host}:{port} cannot be reached ({_one_line(e)})"
+        return f"{host}:{port} cannot be reached ({one_line(e)})"
     return None
 
 
@@ -347,7 +316,7 @@ def _read_hub(source: str, split: str, limit: int | None, label: str = "Prompt",
     except Exception as e:  # network, auth, unknown name or split: all end the same way
         raise PromptsError(
             f"{_what(label)} {source!r} is not an existing file, and it could not be loaded as "
-            f"a Hugging Face dataset (split {split!r}): {type(e).__name__}: {_one_line(e)}. "
+            f"a Hugging Face dataset (split {split!r}): {type(e).__name__}: {one_line(e)}. "
             + hint
         ) from e
     names = dataset.column_names
@@ -451,17 +420,3 @@ def _to_messages(value: Any, where: str, help_text: str = _RECORD_HELP) -> tuple
 def _is_missing(value: Any) -> bool:
     """None, or the NaN pandas uses for an empty parquet cell."""
     return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _array_hint(line: str) -> str:
-    """Point out the common mistake of a whole-file JSON array in a .json file."""
-    if line.lstrip().startswith("["):
-        return " (this file looks like a JSON array; write one object per line)"
-    return ""
-
-
-def _one_line(error: BaseException) -> str:
-    """The first line of an exception message, so errors stay one paragraph."""
-    text = str(error).strip()
-    # Trailing periods are dropped because the message adds its own punctuation.
-    return text.splitlines()[0].rstrip(".") if text else type(error).__name__

@@ -59,24 +59,7 @@ def record_key(record: dict[str, Any]) -> Key:
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """All complete records of a JSONL file ([] if it does not exist)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    with path.open("rb") as f:
-        lines = f.read().split(b"\n")
-    # The part after the last newline is empty, or a torn write that never finished.
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise RecordsError(
-                f"{path}, line {number}: not valid JSON ({err.msg}). The file is corrupt; "
-                "delete it (or the run directory) to rebuild this stage."
-            ) from None
-    return records
+    return [record for _, record in iter_records(path)]
 
 
 def read_keyed(path: str | Path) -> list[dict[str, Any]]:
@@ -321,3 +304,49 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
 
 def index_by_key(records: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
     return {record_key(r): r for r in records}
+
+
+def read_input_jsonl(path: str | Path, label: str, error: type[WimError] = WimError
+                     ) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file a user wrote (prompts, a
+    response source, gold pairs, votes), read line by line. Unlike a stage file's, every line
+    counts: one that is not UTF-8 JSON raises `error` naming the file (as `label`) and the
+    line, and saying how to fix it."""
+    path = Path(path)
+    try:
+        f = path.open(encoding="utf-8-sig")
+    except OSError as e:
+        raise error(f"{label} file {str(path)!r} could not be read ({one_line(e)}).") from e
+    with f:
+        number = 0
+        while True:
+            try:
+                line = f.readline()
+            except UnicodeDecodeError as e:
+                raise error(
+                    f"{label} file {str(path)!r}, line {number + 1}: not UTF-8 text "
+                    f"({one_line(e)}). Save it as UTF-8 JSON lines, one object per line."
+                ) from e
+            if not line:
+                return
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                hint = (" (this file looks like a JSON array; write one object per line)"
+                        if line.lstrip().startswith("[") else "")
+                raise error(
+                    f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at "
+                    f"column {e.colno}). Each non-blank line must be one JSON object{hint}; "
+                    "fix that line or remove it."
+                ) from e
+            yield number, value
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an exception message, so errors stay one paragraph."""
+    text = str(error).strip()
+    # Trailing periods are dropped because the message adds its own punctuation.
+    return text.splitlines()[0].rstrip(".") if text else type(error).__name__

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from wim.errors import InputError
+from wim.records import read_input_jsonl
 
 
 def refine(args: argparse.Namespace) -> int:
@@ -138,26 +139,19 @@ def vrr_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jsonl(path: Path):
+def _jsonl(path: Path, label: str):
     if not path.is_file():
         raise InputError(f"{path}: no such file.")
-    with path.open() as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{n}: not valid JSON ({err.msg}).") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{n}: expected a JSON object per line.")
-            yield n, row
+    for n, row in read_input_jsonl(path, label, InputError):
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{n}: expected a JSON object per line.")
+        yield n, row
 
 
 def read_votes(path: Path, m: int | None) -> tuple[list[int], int]:
     """Each line: {"votes": [1, 0, ...]} (1 = accept) or {"accepts": S, "m": M}; one M for all."""
     accepts, ms = [], set()
-    for n, row in _jsonl(path):
+    for n, row in _jsonl(path, "Votes"):
         if isinstance(row.get("votes"), list) and all(v in (0, 1, True, False)
                                                       for v in row["votes"]):
             accepts.append(int(sum(row["votes"])))
@@ -183,7 +177,7 @@ def read_votes(path: Path, m: int | None) -> tuple[list[int], int]:
 def read_repairs(path: Path) -> tuple[list[bool], list[bool]]:
     """Each line: {"valid_before": true|false, "valid_after": true|false}."""
     before, after = [], []
-    for n, row in _jsonl(path):
+    for n, row in _jsonl(path, "Repairs"):
         a, b = row.get("valid_before"), row.get("valid_after")
         if not isinstance(a, bool) or not isinstance(b, bool):
             raise InputError(f"{path}:{n}: expected booleans 'valid_before' and 'valid_after', "
