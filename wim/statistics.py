@@ -23,22 +23,17 @@ for the rate it is about, and every interval is the interval of that rate:
   number reported is the mean preference (a win rate), and the t-test is the test of that mean
   with that mean's interval; Wilcoxon tests a pseudo-median, whose interval (Hodges-Lehmann)
   would be of another quantity. `weighted_power`: what the t-test could detect at this n;
-- length-adjusted win rate (our heuristic on the hard outcomes, kept for its interval; the
-  length-controlled rate of AlpacaEval 2.0 is wim/length_control.py): a logistic regression of
-  the outcome on tanh(length difference / its standard deviation) (statsmodels `Logit`), read
-  at zero length difference, with the fitted slope and a paired bootstrap interval. Unlike
-  AlpacaEval's GLM it has no cross-validated L1 and reads hard outcomes: the slope is fitted
-  on the a-vs-b prompts alone, where length and quality are confounded, so on a few dozen
-  prompts it is noise (the note says so).
+- length-adjusted win rate: wim/length_control.py (our heuristic and AlpacaEval 2.0's GLM).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from wim.length_control import LENGTH_RESAMPLES, length_adjusted
 
 MECHANICAL_WARNING = (
     "These numbers come from the bundled 135M models, which cannot really write or judge "
@@ -46,10 +41,7 @@ MECHANICAL_WARNING = (
     "evidence for or against WIM."
 )
 ALPHA = 0.05
-LENGTH_MIN_N = 50
 """Below this many verdicts the length slope is reported as too noisy to mean anything."""
-LENGTH_RESAMPLES = 200
-"""Bootstrap resamples of the length-adjusted rate (each one refits the regression)."""
 
 
 def is_bundled(name: str | None) -> bool:
@@ -200,83 +192,6 @@ def sensitivity(wins: int, losses: int, ties: int, failures: int) -> dict[str, f
         return {"failures_as_losses": None, "failures_as_wins": None}
     return {"failures_as_losses": (wins + 0.5 * ties) / n,
             "failures_as_wins": (wins + failures + 0.5 * ties) / n}
-
-
-def _fit_length(y: np.ndarray, d: np.ndarray) -> tuple[float | None, float | None, str | None]:
-    """(rate at zero length difference, slope, note) of one logistic fit."""
-    import statsmodels.api as sm
-    from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationWarning
-
-    if np.all(y == y[0]):
-        return float(y[0]), None, "all outcomes equal"
-    if np.std(d) == 0:
-        return float(y.mean()), None, "no length variation"
-    x = sm.add_constant(np.tanh(d / np.std(d)))
-    model = sm.Logit(y, x)
-    note = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", PerfectSeparationWarning)
-        warnings.simplefilter("error", ConvergenceWarning)
-        try:
-            params = model.fit(disp=0).params
-        except (PerfectSeparationWarning, ConvergenceWarning, np.linalg.LinAlgError):
-            params, note = None, "separated; length term L1-regularized"
-    if params is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:  # penalize only the length term (alpha 0 on the intercept); 50 iterations
-                # agree with the default 1000 to 3 decimals at 1/20 of the time
-                params = model.fit_regularized(alpha=np.array([0.0, 1.0]), disp=0,
-                                                maxiter=50).params
-            except (np.linalg.LinAlgError, ValueError):
-                return None, None, "logistic fit failed"
-    intercept, slope = float(params[0]), float(params[1])
-    if not math.isfinite(intercept):
-        return None, None, "logistic fit failed"
-    return 1.0 / (1.0 + math.exp(-intercept)), slope, note
-
-
-def length_adjusted_win_rate(values: list[float],
-                             length_diffs: list[float]) -> tuple[float | None, str | None]:
-    """(win rate at zero length difference, note). None with a note when it cannot be fitted."""
-    if len(values) < 3:
-        return None, "too few verdicts to fit"
-    rate, _, note = _fit_length(np.asarray(values, float), np.asarray(length_diffs, float))
-    return rate, note
-
-
-def length_adjusted(values: list[float], length_diffs: list[float], seed: int = 0,
-                    resamples: int = LENGTH_RESAMPLES) -> dict:
-    """The length-adjusted rate, its slope, a paired bootstrap interval (prompts resampled
-    with their length differences; each resample refits) and a note on what it is worth."""
-    y, d = np.asarray(values, float), np.asarray(length_diffs, float)
-    out = {"length_adjusted_win_rate": None, "length_slope": None, "length_adjusted_95": None,
-           "length_note": None}
-    if len(y) < 3:
-        return {**out, "length_note": "too few verdicts to fit"}
-    rate, slope, note = _fit_length(y, d)
-    out.update(length_adjusted_win_rate=rate, length_slope=slope)
-    if rate is not None and slope is not None:
-        from scipy.stats import bootstrap
-
-        def statistic(ys, ds):
-            r = _fit_length(ys, ds)[0]
-            return np.nan if r is None else r
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # degenerate resamples, e.g. a NaN from a failed fit
-            res = bootstrap((y, d), statistic, paired=True, vectorized=False,
-                            n_resamples=resamples, method="percentile",
-                            rng=np.random.default_rng(seed))
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        out["length_adjusted_95"] = [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
-    notes = [note] if note else []
-    if len(y) < LENGTH_MIN_N:
-        notes.append(f"n = {len(y)} < {LENGTH_MIN_N}: the slope is fitted on these prompts "
-                     "alone, where length and quality are confounded; too few for it to mean "
-                     "anything")
-    out["length_note"] = "; ".join(notes) or None
-    return out
 
 
 def summarize(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,

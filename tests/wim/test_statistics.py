@@ -8,6 +8,7 @@ from scipy.stats import binomtest
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
+from wim.length_control import length_adjusted, length_adjusted_win_rate
 from wim.statistics import (
     Outcomes,
     binomial_p,
@@ -15,8 +16,6 @@ from wim.statistics import (
     bootstrap_note,
     decisive_interval,
     holm,
-    length_adjusted,
-    length_adjusted_win_rate,
     mean_test,
     min_attainable_p_holm,
     power_of,
