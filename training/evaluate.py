@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 
 from wim.backends import SamplingParams, TransformersBackend, open_http_backend
 from wim.backends.adapter_serving import served_http
-from wim.blind import BlindEvaluator, PairVerdict, copied_placeholder, open_blind_evaluator
+from wim.blind import BlindEvaluator, copied_placeholder, open_blind_evaluator
+from wim.blind_verdicts import PairVerdict
 from wim.config import Config
 from wim.context import fit_messages, token_budget
 from wim.errors import InputError

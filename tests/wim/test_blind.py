@@ -10,12 +10,12 @@ from recording_server import RecordingServer
 from wim.blind import (
     BlindEvaluator,
     build_pair_messages,
-    combine_orders,
     load_template,
     open_blind_evaluator,
     parse_score,
     parse_verdict,
 )
+from wim.blind_verdicts import combine_orders
 from wim.config import BlindConfig, HTTPConfig
 
 

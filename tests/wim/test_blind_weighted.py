@@ -56,7 +56,7 @@ def test_guided_verdict_probabilities_are_the_models_distribution():
 
 
 def test_verdict_probabilities_find_the_verdict_position():
-    from wim.blind import verdict_probabilities
+    from wim.blind_verdicts import verdict_probabilities
 
     lp = math.log
     reason = {" A": lp(0.5), " B": lp(0.4), " the": lp(0.1)}  # "Answer A is ..." in the reason
