@@ -1,7 +1,7 @@
 """Responses that already exist (`generation.source`): read them instead of sampling.
 
 A source is a .jsonl/.json/.csv/.parquet file, a folder saved with `datasets`' `save_to_disk`,
-or a `datasets` name (read by wim/prompts.py's row reader, so prompts are checked the same way
+or a `datasets` name (read by wim/rows.py's row reader, so prompts are checked the same way
 as `prompts.source`: a string or chat messages ending on a user turn, optional id and domain).
 Three shapes (`generation.source_shape`; `auto` picks one by the columns):
 - `responses`: a prompt and a list of responses (strings, or objects with a model name and a
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from wim.errors import WimError
-from wim.prompts import Prompt, PromptRef, _is_missing, _to_prompt, hub_offline_reason, iter_rows
+from wim.prompts import Prompt, PromptRef, _is_missing, _to_prompt
+from wim.rows import hub_offline_reason, iter_rows
 
 logger = logging.getLogger(__name__)
 

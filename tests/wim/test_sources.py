@@ -93,15 +93,15 @@ def test_parquet_is_read_by_row_groups_and_csv_by_chunks(tmp_path: Path) -> None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from wim import prompts
+    from wim import rows as source_rows
 
     rows = _uf_rows(2500)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "uf.parquet", row_group_size=1000)
     source = load_source(str(tmp_path / "uf.parquet"))
     assert source.rows == 2500 and source.prompts[2499].prompt.text == "Question 2499?"
     # A generator, not a list: the reader hands out rows as they are asked for.
-    reader, _ = prompts.iter_rows(str(tmp_path / "uf.parquet"), label="Response source",
-                                  column=None)
+    reader, _ = source_rows.iter_rows(str(tmp_path / "uf.parquet"),
+                                      label="Response source", column=None)
     assert next(reader)[0] == "row 0 (counting from 0)" and not isinstance(reader, list)
 
 
