@@ -30,6 +30,7 @@ from data_gen.stages import (
 from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
 from wim.backends.adapter_serving import served_http
 from wim.config import Config, judge_http
+from wim.errors import StageIncomplete
 from wim.holdout import load_split, write_split
 from wim.judges import BackendJudge, configured_judge
 from wim.models import load_causal_lm
@@ -39,19 +40,6 @@ from wim.rundir import RunDir
 logger = logging.getLogger(__name__)
 
 DATA_STAGES = ("generate", "judge", "score", "pairs", "report")
-
-
-class StageIncomplete(Exception):
-    """A stage lost records to backend failures; the later stages must not build on it."""
-
-    def __init__(self, stage: str, lost: int, stats: dict[str, Any]) -> None:
-        what = "samples" if stage == "generate" else "judgements"
-        super().__init__(
-            f"{lost} {what} were lost to backend failures (server down, timeouts, 5xx; see "
-            f"stats/{stage}.json) and were not recorded, so the stages after `{stage}` did not "
-            "run. Run the same command again to retry them; finished records are kept."
-        )
-        self.stage, self.lost, self.stats = stage, lost, stats
 
 
 class Resources:

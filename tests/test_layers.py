@@ -2,7 +2,8 @@
 no module imports itself through others (no import cycle).
 
 Every import counts, the ones inside functions included: a lazy import is still an arrow.
-Only wim/cli.py, the command that dispatches to every layer, may reach up.
+The one exemption: wim/cli.py, the entry point, which parses the arguments and hands them to the
+command layer at the top (training/commands/); no other module may reach up.
 """
 
 from __future__ import annotations
@@ -160,3 +161,23 @@ def test_the_config_imports_nothing_it_configures():
     outside = {m: sorted(t for t in graph[m] if t not in config and t != "wim.errors")
                for m in config}
     assert {m: t for m, t in outside.items() if t} == {}
+
+
+def test_every_parsed_command_is_one_entry_of_the_command_table():
+    """wim/cli.py parses; each command it parses runs through `COMMANDS`, and nothing else."""
+    import argparse
+
+    from training.commands import COMMANDS
+    from wim.cli import build_parser
+
+    def names(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
+        found = set()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found |= names(sub, f"{prefix}{name} ") or {prefix + name}
+        return found
+
+    assert names(build_parser()) == set(COMMANDS)
+    cli = (ROOT / "wim" / "cli.py").read_text()
+    assert [t for _, t in imported_packages(cli) if t in ("data_gen", "training")] == ["training"]

@@ -1,14 +1,14 @@
-"""The `wim` command. Heavy imports happen inside the commands, so `wim --help` stays fast."""
+"""The `wim` command: it parses the arguments and hands them to the command layer
+(training/commands/, one function per command in its `COMMANDS` table), imported only then, so
+`wim --help` stays fast. Errors become exit codes here: 2 for the user's to fix (one paragraph),
+130 for Ctrl-C; 3 (incomplete) is the command layer's."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 
-from wim.config import ConfigError, apply_overrides, config_from_dict, read_yaml
 from wim.errors import WimError
 
 STAGE_COMMANDS = {
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_eval_parsers(sub) -> None:
-    """`wim eval`, `wim compare`, `wim validity` (training/commands.py)."""
+    """`wim eval`, `wim compare`, `wim validity`."""
     sets = dict(dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                 help="override a config field, e.g. blind.mode=pointwise")
     ev = sub.add_parser("eval", help="blind evaluation of a run's trained policy against its "
@@ -91,7 +91,7 @@ def _add_eval_parsers(sub) -> None:
 
 
 def add_refine_parsers(sub) -> None:
-    """`wim refine` and `wim vrr simulate|calibrate` (code in wim/refine/, imported lazily)."""
+    """`wim refine`, `wim refine-2x2` and `wim vrr simulate|calibrate`."""
     refine = sub.add_parser("refine", help="controlled iterative refinement: one hard-cap master "
                             "trajectory per prompt, every stopping policy derived from it")
     refine.add_argument("source", help="experiment YAML with a refine: section "
@@ -140,27 +140,6 @@ def add_refine_parsers(sub) -> None:
     cal.add_argument("--json", action="store_true", help="print compact JSON")
 
 
-def resolve(args: argparse.Namespace):
-    """(config, run directory path) from a YAML file or an existing run directory."""
-    from wim.rundir import RunDir
-
-    source = Path(args.source)
-    if source.is_dir():
-        meta = RunDir(source).read_meta()
-        if meta is None:
-            raise ConfigError(f"{source} is a folder but holds no run (no resolved_config.yaml).")
-        data, origin = meta["config"], f"{source / 'resolved_config.yaml'}"
-        out = Path(args.out) if args.out else source
-    else:
-        data, origin = read_yaml(source), str(source)
-        if not args.out:
-            raise ConfigError(f"give the run directory with --out (for example --out runs/"
-                              f"{source.stem}).")
-        out = Path(args.out)
-    cfg = config_from_dict(apply_overrides(data, args.overrides), source=origin)
-    return cfg, out
-
-
 # Our packages, and the HTTP libraries (httpx logs one INFO line per request).
 _VERBOSE_LOGGERS = ("wim", "data_gen", "training", "httpx", "aiohttp")
 
@@ -177,8 +156,10 @@ def _set_up_logging(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _set_up_logging(args.verbose)
+    from training.commands import run_command  # the command layer, at the top of the layers
+
     try:
-        return _dispatch(args)
+        return run_command(args)
     except KeyboardInterrupt:
         print("wim: interrupted; finished records are kept, run the same command to resume.",
               file=sys.stderr)
@@ -202,151 +183,6 @@ def _is_storage_error(err: OSError) -> bool:
     from wim.records import STORAGE_ERRNOS
 
     return err.errno in STORAGE_ERRNOS
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "export":
-        from training.export import export_merged
-
-        print(json.dumps(export_merged(Path(args.dir), Path(args.merged)), indent=2))
-        return 0
-    if args.command in ("refine", "refine-2x2", "vrr"):
-        from wim.refine import commands
-
-        if args.command == "refine":
-            return commands.refine(args)
-        if args.command == "refine-2x2":
-            return commands.refine_2x2(args)
-        return (commands.vrr_simulate if args.vrr_command == "simulate"
-                else commands.vrr_calibrate)(args)
-    if args.command == "merge":
-        from data_gen.merge import merge_runs
-        from wim.rundir import RunDir
-
-        with RunDir(Path(args.out)).lock("wim " + " ".join(sys.argv[1:])):
-            summary = merge_runs([Path(d) for d in args.dirs], Path(args.out),
-                                 allow_partial=args.allow_partial)
-        print(json.dumps(summary, indent=2))
-        return 0
-
-    if args.command in ("eval", "compare"):
-        from training import commands
-
-        return getattr(commands, f"{args.command}_command")(args)
-    if args.command == "validity":
-        from data_gen.commands import validity_command
-
-        return validity_command(args)
-
-    from data_gen.pipeline import DATA_STAGES, Resources, StageIncomplete
-    from data_gen.pipeline import run_stages as run_data_stages
-    from data_gen.stages import Shard
-    from wim.rundir import RunDir
-
-    cfg, out = resolve(args)
-    _check_rounds_command(cfg, args, out)
-    if _distributed() and args.command == "train":
-        return _train_distributed(cfg, out, args)
-    if args.shard is None and Path(args.source).is_dir():
-        args.shard = RunDir(out).shard() if out == Path(args.source) else None
-    shard = Shard.parse(args.shard)
-    # `wim run` and `wim train` are training's (training/); the data stages alone are data_gen's.
-    if args.command == "run":
-        from training.rounds import run_rounds
-        from training.run import STAGES
-
-        runner = run_rounds
-        # --skip-train stops after the pairs: nothing trained, so nothing to evaluate either.
-        stages = tuple(s for s in STAGES if not (args.skip_train and s in ("train", "eval")))
-    elif args.command in DATA_STAGES:
-        runner, stages = run_data_stages, (args.command,)
-    else:
-        from training.run import run_stages
-
-        runner, stages = run_stages, (args.command,)
-    resources = Resources(cfg)
-    if {"generate", "judge"} & set(stages):
-        resources.check_inputs()  # a bad prompts file fails before the run directory is touched
-    run = RunDir(out)
-    with run.lock("wim " + " ".join(sys.argv[1:])):
-        run.claim(cfg, str(shard) if shard else None)
-        try:
-            result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
-                            resources=resources)
-        except StageIncomplete as err:
-            # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
-            run.save_config(cfg, str(shard) if shard else None)
-            print(json.dumps({k: v for k, v in err.stats.items() if not isinstance(v, dict)},
-                             indent=2))
-            print(f"wim: incomplete: {err}", file=sys.stderr)
-            return 3
-        run.save_config(cfg, str(shard) if shard else None)
-    _print_result(result, stages, out)
-    return 0
-
-
-def _check_rounds_command(cfg, args, out: Path) -> None:
-    """Runs with several rounds (or online training) are driven by `wim run`; a single stage
-    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`."""
-    if _distributed() and args.command != "train":
-        raise ConfigError(f"under accelerate launch only `wim train` runs (got `wim "
-                          f"{args.command}`); build the pairs first with `wim run CONFIG --out "
-                          "DIR --skip-train` in one process, then `accelerate launch -m wim train "
-                          "DIR`.")
-    several = cfg.training.rounds > 1 and not (out / "round.json").is_file()
-    if args.command != "run" and (several or cfg.training.mode == "online"):
-        raise ConfigError(f"`wim {args.command}` runs one stage of one round; this run has "
-                          f"training.rounds={cfg.training.rounds}, mode {cfg.training.mode}. Use "
-                          f"`wim run` for the whole run, or point at a round's folder "
-                          f"({out / 'rounds' / '1'}).")
-
-
-def _distributed() -> bool:
-    import os
-
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def _train_distributed(cfg, out: Path, args) -> int:
-    """`accelerate launch -m wim train DIR`: every process trains its share (data-parallel);
-    the main process alone holds the run's lock and writes the stats and the adapter."""
-    import contextlib
-
-    from data_gen.fingerprints import input_fingerprint, record_finished
-    from training.dpo import process_state
-    from training.run import train_run
-    from wim.rundir import RunDir
-
-    run = RunDir(out)
-    state = process_state()
-    lock = (run.lock("wim " + " ".join(sys.argv[1:])) if state.is_main_process
-            else contextlib.nullcontext())
-    with lock:
-        key = input_fingerprint(cfg, run, "train", None, None)
-        metrics = train_run(cfg, run, progress=not args.no_progress and state.is_main_process,
-                            resume_key=key)
-        state.wait_for_everyone()
-        if state.is_main_process:
-            record_finished(run, "train", key)
-            print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)},
-                             indent=2))
-    return 0
-
-
-def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
-    if result.get("run/skipped_stages"):
-        print(f"wim: skipped (config and inputs unchanged since they finished): "
-              f"{', '.join(result['run/skipped_stages'])}", file=sys.stderr)
-    if "report" in stages:
-        verb = "unchanged:" if "report" in result.get("run/skipped_stages", []) else "wrote"
-        print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
-        keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
-                "judge/parse_fail_rate", "judge/echoed_rubric", "judge/backend_failed",
-                "train/loss_first",
-                "train/loss_last")
-        print(json.dumps({k: result.get(k) for k in keys}, indent=2))
-    else:
-        print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """One base class for user errors, so the CLI can tell them from bugs.
 
 A `WimError` is the user's to fix (a config value, an input file, a run directory, a model that
-is not installed): the CLI prints its message as one paragraph and exits with code 2. Any other
-exception, including a ValueError raised inside transformers or TRL, is a bug or a library
-failure and keeps its traceback. This module imports nothing, so every module can use it.
+is not installed): the CLI prints its message as one paragraph and exits with code 2.
+`StageIncomplete` is neither: nothing is wrong with the input, and the same command will finish
+the work (exit 3). Any other exception, including a ValueError raised inside transformers or
+TRL, is a bug or a library failure and keeps its traceback. This module imports nothing, so
+every module can use it.
 """
 
 
@@ -18,3 +20,16 @@ class InputError(WimError):
 
 class ConfigError(WimError):
     """A config problem, described in one paragraph that says what to change."""
+
+
+class StageIncomplete(Exception):
+    """A stage lost records to backend failures; the later stages must not build on it."""
+
+    def __init__(self, stage: str, lost: int, stats: dict) -> None:
+        what = "samples" if stage == "generate" else "judgements"
+        super().__init__(
+            f"{lost} {what} were lost to backend failures (server down, timeouts, 5xx; see "
+            f"stats/{stage}.json) and were not recorded, so the stages after `{stage}` did not "
+            "run. Run the same command again to retry them; finished records are kept."
+        )
+        self.stage, self.lost, self.stats = stage, lost, stats

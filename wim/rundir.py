@@ -252,7 +252,8 @@ class RunDir:
 
     @contextlib.contextmanager
     def lock(self, command: str = "") -> Iterator[None]:
-        """Hold an exclusive lock on the run directory, or fail at once naming the holder.
+        """Hold an exclusive lock on the run directory, or fail at once naming the holder:
+        `command`, by default this process's `wim ...` command line.
 
         The kernel drops a `flock` when its process dies, so a killed run never leaves a stale
         lock behind; the file itself stays (deleting it would let two processes lock two files).
@@ -269,7 +270,7 @@ class RunDir:
             except BlockingIOError:
                 raise RunDirBusyError(_busy_message(self.path, path)) from None
             holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                      "command": command or " ".join(sys.argv),
+                      "command": command or "wim " + " ".join(sys.argv[1:]),
                       "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             with contextlib.suppress(OSError):  # who holds it is for messages only
                 os.ftruncate(fd, 0)

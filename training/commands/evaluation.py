@@ -1,8 +1,4 @@
-"""The `wim eval` and `wim compare` commands (argument handling and output).
-
-wim/cli.py parses the arguments and calls these lazily, so `wim --help` stays light
-(`wim validity` is data_gen/commands.py).
-"""
+"""`wim eval`, `wim compare` and `wim validity`: blind win rates and scorer validity."""
 
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ def eval_command(args) -> int:
     run = RunDir(Path(args.run))
     cfg = run_config(run.path, args.overrides)
     against = [RunDir(Path(d)) for d in args.against]
-    with run.lock("wim " + " ".join(sys.argv[1:])):
+    with run.lock():
         report = evaluate_run(cfg, run, against, limit=args.limit,
                               progress=not args.no_progress)
     return _print_eval(report, run.path / "eval.json")
@@ -62,15 +58,20 @@ def _print_eval(report: dict, path: Path) -> int:
 
 
 def compare_command(args) -> int:
-    from data_gen.pipeline import StageIncomplete
     from training.compare import compare_arms
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out)
-    with RunDir(out).lock("wim " + " ".join(sys.argv[1:])):
-        try:
-            report = compare_arms(cfg, out, progress=not args.no_progress)
-        except StageIncomplete as err:
-            print(f"wim: incomplete: {err}", file=sys.stderr)
-            return 3
+    with RunDir(out).lock():
+        report = compare_arms(cfg, out, progress=not args.no_progress)
     return _print_eval(report, out / "compare.json")
+
+
+def validity_command(args) -> int:
+    from data_gen.validity import scorer_validity
+
+    cfg = load_config(args.config, args.overrides)
+    report = scorer_validity(cfg, args.gold, limit=args.limit, out=Path(args.out) if args.out
+                             else None, progress=not args.no_progress)
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,4 +1,5 @@
-"""`wim vrr simulate`, `wim vrr calibrate` and `wim refine`: what the CLI calls (lazily)."""
+"""`wim refine`, `wim refine-2x2` and `wim vrr simulate|calibrate`: controlled iterative
+refinement (wim/refine/)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,10 @@ import json
 from pathlib import Path
 
 from wim.errors import InputError
-from wim.records import read_input_jsonl
 
 
-def refine(args: argparse.Namespace) -> int:
+def refine_command(args: argparse.Namespace) -> int:
     """`wim refine CONFIG --out DIR`."""
-    import sys
-
     import yaml
 
     from wim.config import apply_overrides, config_from_dict, read_yaml
@@ -26,7 +24,7 @@ def refine(args: argparse.Namespace) -> int:
     p = cfg.prompts
     prompts = load_prompts(p.source, split=p.split, limit=p.limit)
     out = Path(args.out)
-    with RunDir(out).lock("wim " + " ".join(sys.argv[1:])):
+    with RunDir(out).lock():
         folder = out / "refine"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "resolved_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(),
@@ -62,7 +60,7 @@ def refine(args: argparse.Namespace) -> int:
     return 0
 
 
-def refine_2x2(args: argparse.Namespace) -> int:
+def refine_2x2_command(args: argparse.Namespace) -> int:
     """`wim refine-2x2 SAME CROSS`: main effects and interaction, Holm-adjusted."""
     from wim.refine.analysis import interaction_from_summaries
 
@@ -94,7 +92,7 @@ def _blind(cfg, policy):
     return open_blind_evaluator(b)
 
 
-def vrr_simulate(args: argparse.Namespace) -> int:
+def vrr_simulate_command(args: argparse.Namespace) -> int:
     from wim.refine.simulate import SimSpec, format_table, simulate
     from wim.refine.vrr import VRRParams
 
@@ -113,7 +111,8 @@ def vrr_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def vrr_calibrate(args: argparse.Namespace) -> int:
+def vrr_calibrate_command(args: argparse.Namespace) -> int:
+    from wim.refine.logs import read_repairs, read_votes
     from wim.refine.vrr import calibrate_repairs, calibrate_votes, choose_policy, youden_j
 
     out: dict = {}
@@ -139,51 +138,3 @@ def vrr_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jsonl(path: Path, label: str):
-    if not path.is_file():
-        raise InputError(f"{path}: no such file.")
-    for n, row in read_input_jsonl(path, label, InputError):
-        if not isinstance(row, dict):
-            raise InputError(f"{path}:{n}: expected a JSON object per line.")
-        yield n, row
-
-
-def read_votes(path: Path, m: int | None) -> tuple[list[int], int]:
-    """Each line: {"votes": [1, 0, ...]} (1 = accept) or {"accepts": S, "m": M}; one M for all."""
-    accepts, ms = [], set()
-    for n, row in _jsonl(path, "Votes"):
-        if isinstance(row.get("votes"), list) and all(v in (0, 1, True, False)
-                                                      for v in row["votes"]):
-            accepts.append(int(sum(row["votes"])))
-            ms.add(len(row["votes"]))
-        elif isinstance(row.get("accepts"), int) and isinstance(row.get("m", m), int):
-            mm = row.get("m", m)
-            if not 0 <= row["accepts"] <= mm:
-                raise InputError(f"{path}:{n}: 'accepts' must lie in 0..{mm}, got "
-                                 f"{row['accepts']}.")
-            accepts.append(row["accepts"])
-            ms.add(mm)
-        else:
-            raise InputError(f"{path}:{n}: expected 'votes' (a list of 0/1) or 'accepts' (an "
-                             "integer, with 'm' on the line or --m), got keys "
-                             f"{sorted(row)}.")
-    if not accepts:
-        raise InputError(f"{path}: holds no votes.")
-    if len(ms) != 1:
-        raise InputError(f"{path}: every plan needs the same number of votes, got {sorted(ms)}.")
-    return accepts, ms.pop()
-
-
-def read_repairs(path: Path) -> tuple[list[bool], list[bool]]:
-    """Each line: {"valid_before": true|false, "valid_after": true|false}."""
-    before, after = [], []
-    for n, row in _jsonl(path, "Repairs"):
-        a, b = row.get("valid_before"), row.get("valid_after")
-        if not isinstance(a, bool) or not isinstance(b, bool):
-            raise InputError(f"{path}:{n}: expected booleans 'valid_before' and 'valid_after', "
-                             f"got {a!r} and {b!r}.")
-        before.append(a)
-        after.append(b)
-    if not before:
-        raise InputError(f"{path}: holds no labelled repairs.")
-    return before, after
