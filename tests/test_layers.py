@@ -181,3 +181,11 @@ def test_every_parsed_command_is_one_entry_of_the_command_table():
     assert names(build_parser()) == set(COMMANDS)
     cli = (ROOT / "wim" / "cli.py").read_text()
     assert [t for _, t in imported_packages(cli) if t in ("data_gen", "training")] == ["training"]
+
+
+def test_no_module_is_over_400_lines():
+    """A module that grows past 400 lines holds parts with names of their own: split them."""
+    long = [f"{p.relative_to(ROOT)}: {n}" for package in PACKAGES
+            for p in sorted((ROOT / package).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400]
+    assert long == []
