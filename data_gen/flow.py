@@ -42,11 +42,8 @@ def batch_window(max_in_flight: int, requests_per_batch: int) -> int:
     """How many batches to run at once so that `max_in_flight` requests stay busy. Results are
     taken in order, so a batch whose slowest request lags holds its place in the window while
     the batches after it finish; request times have a long tail, so the window holds about 5
-    slots' worth of batches, not 1. A 64-slot stand-in, lognormal request times (sigma 0.6),
-    2,000 requests in batches of B: simulated (median 1 s), 2 + ceil(64 / B) batches kept it
-    47-71% busy (B = 16..64), 2 + 5 ceil(64 / B) 92% (an unbounded window: 92.7%, the rest is
-    the drain at the end); measured with tests/benchmarks/standin_server.js (median 0.25 s, a
-    loaded machine): 65% -> 92% at B = 64, 40% -> 79% at B = 16."""
+    slots' worth of batches, not 1 (a simulated 64-slot server with lognormal request times:
+    tests/benchmarks/bench_scale.py, results/scale.txt)."""
     if max_in_flight <= 1:
         return 1
     return 2 + 5 * -(-max_in_flight // max(1, requests_per_batch))
