@@ -1,9 +1,9 @@
 """The transport of the HTTP backends: JSON POSTs to one or more base URLs, callable from any
 thread, with every request of every caller under one in-flight cap.
 
-aiohttp runs on an asyncio event loop in one background thread per client (measured on 2
-cores: about 0.14 ms of CPU a request, against 0.41 for urllib3 in threads and 0.72 for
-httpx in threads, so the client library decides whether a driver reaches 1,500 requests/s).
+aiohttp runs on an asyncio event loop in one background thread per client: of the HTTP
+clients, it costs the least CPU per request, and on a driver's few cores that CPU decides how
+many requests a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py).
 Callers in other threads hand it work and wait (`post_json`, `post_many`, `run`); coroutines
 on its loop (`request`) share one semaphore of `concurrency` slots, over all base URLs, so
 when any request finishes, the next one waiting, from whichever caller, starts. Waiters are
