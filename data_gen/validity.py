@@ -90,7 +90,7 @@ def load_gold(source: str | None = None, limit: int | None = None) -> list[GoldP
 def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> list[dict]:
     """Judgement records (sample_idx 0 = chosen, 1 = rejected), scored at every zeta."""
     from data_gen.pipeline import Resources
-    from wim.embedders import Embedder
+    from wim.embedders import open_embedder
     from wim.scoring import score_judgements
 
     res = Resources(cfg)
@@ -112,10 +112,13 @@ def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> lis
                                 j.backend_failed, "raw_judge_text": j.raw})
     finally:
         res.close()
-    embedder = Embedder(cfg.scoring.embedder, cfg.scoring.batch_size) if cfg.judge.mode == "wim" \
-        else None
-    zeta = cfg.scoring.zeta if cfg.judge.mode == "wim" else 0.0
-    return score_judgements(records, embedder, zeta, cfg.judge.on_parse_failure)
+    if cfg.judge.mode != "wim":
+        return score_judgements(records, None, 0.0, cfg.judge.on_parse_failure)
+    embedder = open_embedder(cfg)  # scoring.backend, scoring.dtype, as the score stage
+    try:
+        return score_judgements(records, embedder, cfg.scoring.zeta, cfg.judge.on_parse_failure)
+    finally:
+        embedder.close()
 
 
 def scorer_validity(cfg: Config, gold: str | None = None, limit: int | None = None,

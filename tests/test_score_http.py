@@ -126,3 +126,28 @@ def test_a_dead_server_keeps_the_scores_written_and_the_same_command_finishes(
     # Only the judgements not yet scored were sent again.
     sent = [t for b in healthy.bodies for t in b["input"]]
     assert not {r["response"] for r in written} & set(sent)
+
+
+def test_validity_uses_the_configured_embedder(tmp_path: Path) -> None:
+    """`wim validity` scores with `scoring.backend: http` as the score stage does (it built
+    the in-process embedder itself before), here with an HTTP judge on a stand-in."""
+    from recording_server import RecordingServer
+
+    def verdict(messages: list[dict]) -> str:
+        digest = hashlib.sha256(messages[-1]["content"].encode()).digest()
+        return json.dumps({"missing": f"more on point {digest[1] % 7}",
+                           "rating": digest[0] % 10 + 1})
+
+    judge, embeddings = RecordingServer(verdict), EmbeddingServer()
+    try:
+        run_wim(["validity", str(QUICKSTART), "--limit", "3", "--out", str(tmp_path / "v"),
+                 "--no-progress",
+                 *_http(embeddings.url, "judge.role=external", "judge.backend=http",
+                        f"http.base_urls=[{judge.url}]", "http.model=standin")])
+    finally:
+        judge.close()
+        embeddings.close()
+    texts = [t for b in embeddings.bodies for t in b["input"]]
+    assert len(texts) == 12  # 3 gold pairs x 2 answers, each response and its critique
+    report = json.loads((tmp_path / "v" / "validity.json").read_text())
+    assert report["pairs"] == 3 and report["judge_parse_failed"] == 0

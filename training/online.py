@@ -194,7 +194,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     from data_gen.pipeline import Resources
     from training.dpo import _reset_peak_memory, lora_config, peak_memory
     from training.online_trainer import WimOnlineDPOTrainer
-    from wim.embedders import Embedder
+    from wim.embedders import open_embedder
 
     res = resources or Resources(cfg)
     out = run.file("train")
@@ -204,8 +204,8 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     prompts = res.prompts()
     dataset = datasets.Dataset.from_list([{"prompt": list(p.messages)} for p in prompts])
     model, tokenizer = res.lm()
-    reward = WimReward(cfg, tokenizer, Embedder(cfg.scoring.embedder, cfg.scoring.batch_size),
-                       judgements)
+    embedder = open_embedder(cfg)  # scoring.backend, scoring.dtype, as the score stage
+    reward = WimReward(cfg, tokenizer, embedder, judgements)
     _reset_peak_memory()
     trainer = WimOnlineDPOTrainer(model=model, reward_funcs=[reward],
                                args=online_args(cfg, out / "trainer", progress),
@@ -213,7 +213,10 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
                                peft_config=lora_config(cfg))
     reward.trainer = trainer
     start = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        embedder.close()
     seconds = time.perf_counter() - start
     trainer.model.eval()
     trainer.model.save_pretrained(out / "adapter")
