@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
-from wim.metrics import pair_statistics
-from wim.records import RecordsError, read_records
+from wim.metrics import PairStatistics
+from wim.records import RecordIndex, RecordsError, iter_records
 from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
@@ -77,14 +77,17 @@ def collect_rounds(cfg: Config, run: RunDir, given: Any = None) -> list[dict[str
     if rounds or not folder.is_dir():
         return rounds
     for sub in sorted(folder.iterdir(), key=lambda p: (len(p.name), p.name)):
-        scores = read_records(sub / "scores.jsonl") if sub.name.isdigit() else []
-        if not scores:
+        # One prompt's records at a time, as the run's own report reads them.
+        scores = RecordIndex(sub / "scores.jsonl") if sub.name.isdigit() else None
+        if scores is None or not len(scores):
             continue
-        stats = pair_statistics(scores, cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+        stats = PairStatistics(cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+        for group in scores.groups():
+            stats.add(group)
         entry: dict[str, Any] = {"round": int(sub.name)}
-        entry.update({k: v for k, v in stats.items() if k.startswith("pairs/")})
+        entry.update({k: v for k, v in stats.result().items() if k.startswith("pairs/")})
         if (sub / "pairs.jsonl").is_file():
-            entry["pairs/count"] = len(read_records(sub / "pairs.jsonl"))
+            entry["pairs/count"] = sum(1 for _ in iter_records(sub / "pairs.jsonl"))
         rounds.append(entry)
     return rounds
 

@@ -62,3 +62,31 @@ def test_authors_fallback_is_counted_in_the_text() -> None:
     text = render_markdown(r, Config(), [])
     assert "3 with an unparseable rating counted as rating_norm 0" in text
     assert "8 without a critique scored by the rating alone" in text
+
+
+def test_per_round_statistics_read_each_round_by_prompt(tmp_path) -> None:
+    """collect_rounds streams each round's scores one prompt at a time (a resumed round's
+    records of one prompt need not be together) and agrees with the whole-list statistics."""
+    import json
+
+    from wim.report.sections import collect_rounds
+    from wim.rundir import RunDir
+
+    cfg = Config()
+    expected = {}
+    for r, shift in ((1, 0), (2, 3)):
+        records = [_rec(f"p{i}", k, 1 + (i * 3 + k * 5 + shift) % 10, (i + k) % 7 / 7, "d")
+                   for i in range(6) for k in range(4)]
+        expected[r] = pair_statistics(records, cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
+        # Written out of prompt order: sample 3 of every prompt last, as a resume appends.
+        order = [x for x in records if x["sample_idx"] < 3] + \
+            [x for x in records if x["sample_idx"] == 3]
+        folder = tmp_path / "rounds" / str(r)
+        folder.mkdir(parents=True)
+        (folder / "scores.jsonl").write_text("".join(json.dumps(x) + "\n" for x in order))
+        (folder / "pairs.jsonl").write_text("{}\n" * (r + 1))
+    rounds = collect_rounds(cfg, RunDir(tmp_path))
+    assert [e["round"] for e in rounds] == [1, 2]
+    for entry in rounds:
+        want = {k: v for k, v in expected[entry["round"]].items() if k.startswith("pairs/")}
+        assert entry == {"round": entry["round"], **want, "pairs/count": entry["round"] + 1}
