@@ -30,7 +30,7 @@ from training.evaluate import System, adapter_of, compare_systems, held_out_prom
 from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
-from wim.records import read_keyed, read_records, write_records_atomic
+from wim.records import iter_records, read_keyed, read_records, write_records_atomic
 from wim.report.evaluation import (
     LEGEND,
     WEIGHTED_LEGEND,
@@ -113,7 +113,7 @@ def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
     if name == RANDOM_ARM:
         randomize_pairs(run.pairs, arm_cfg.seed)
         shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
-    trained = bool(read_records(run.pairs))
+    trained = next(iter_records(run.pairs), None) is not None
     if trained:
         run_stages(arm_cfg, run, ("train",), progress=progress)
     else:  # reported as such; an arm without pairs has nothing to train or evaluate
