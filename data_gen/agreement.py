@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from data_gen.validity_table import GoldPair, systems_table_lines, validity_table
+from data_gen.validity_table import Outcomes, outcomes_table, systems_table_lines
 from wim.config import Config
 from wim.pairs import group_by_prompt
 from wim.rundir import RunDir
@@ -54,48 +54,30 @@ def label_pair(records: list[dict[str, Any]]) -> tuple[tuple[dict, dict] | None,
     return (best, worst), "ratings"
 
 
-_KEEP = ("rating_norm", "similarity", "score", "parse_ok", "zeta")
-
-
-def _of_length(n: int, cache: dict[int, str]) -> str:
-    if n not in cache:
-        cache[n] = " " * n
-    return cache[n]
-
-
 def source_agreement(cfg: Config, run: RunDir,
                      scored: list[dict[str, Any]] | Iterable[list[dict[str, Any]]]
                      ) -> dict | None:
     """Write DIR/agreement.json when the source carries preferences; None (and no file) when
-    it does not. `scored`: scores.jsonl's records, or each prompt's records as a stream (one
-    labelled pair per prompt is kept, its records cut to what the table reads)."""
+    it does not. `scored`: scores.jsonl's records, or each prompt's records as a stream (each
+    labelled pair leaves only its outcomes under each system: memory stays flat in prompts)."""
     path = run.file(AGREEMENT_FILE)
     groups = group_by_prompt(scored).values() if isinstance(scored, list) else scored
-    gold, remapped, label_ties, kinds = [], [], 0, set()
-    lengths: dict[int, str] = {}
+    outcomes, label_ties, kinds = Outcomes(cfg), 0, set()
     for records in groups:
         pair, kind = label_pair(records)
         kinds.add(kind)
         label_ties += kind == "ratings" and pair is None
-        if pair is None:
-            continue
-        chosen, rejected = pair
-        # validity_table reads (id, 0) as the better answer and (id, 1) as the worse.
-        gid = f"{chosen['prompt_id']}#{chosen['sample_idx']}>{rejected['sample_idx']}"
-        # The table reads no text but the answers' lengths (its longer-answer reference), so
-        # the pair holds one shared string per length, not 100,000 pairs of answers.
-        gold.append(GoldPair(id=gid, domain=chosen.get("domain", ""), prompt="",
-                             chosen=_of_length(len(chosen["response"]), lengths),
-                             rejected=_of_length(len(rejected["response"]), lengths)))
-        for idx, r in enumerate((chosen, rejected)):
-            remapped.append({"prompt_id": gid, "sample_idx": idx,
-                             **{k: r[k] for k in _KEEP if k in r}})
-    if not gold and not label_ties:
+        if pair is not None:
+            chosen, rejected = pair
+            outcomes.add(chosen.get("domain", ""), chosen, rejected,
+                         len(chosen["response"]), len(rejected["response"]))
+    pairs = len(outcomes.domains)
+    if not pairs and not label_ties:
         path.unlink(missing_ok=True)
         return None
-    systems = validity_table(cfg, gold, remapped) if gold else {}
+    systems = outcomes_table(cfg, outcomes) if pairs else {}
     result = {"labels": " and ".join(sorted(kinds - {""})), "source": cfg.generation.source,
-              "pairs": len(gold), "label_ties": label_ties, "systems": systems,
+              "pairs": pairs, "label_ties": label_ties, "systems": systems,
               "table_markdown": "\n".join(systems_table_lines(systems)) if systems else ""}
     path.write_text(json.dumps(result, indent=2))
     return result

@@ -42,45 +42,71 @@ def _zetas(cfg: Config) -> list[float]:
     return sorted(z for z in zs if 0.0 < z < 1.0)
 
 
-def pair_outcomes(cfg: Config, pairs: list[GoldPair], scored: list[dict]
-                  ) -> dict[str, dict[str, float | None]]:
-    """{system: {pair id: 1 (chosen ranked first), 0.5 (tie), 0 (wrong) or None (failed)}}."""
-    zetas = _zetas(cfg)
-    values = {(r["prompt_id"], r["sample_idx"]): system_values(r, cfg.scoring.zeta, zetas)
-              for r in scored}
-    out: dict[str, dict[str, float | None]] = {}
-    for s in ["numeric", "wim", *[f"zeta={z:g}" for z in zetas]]:
-        out[s] = {}
-        for p in pairs:
-            a, b = values.get((p.id, 0), {}).get(s), values.get((p.id, 1), {}).get(s)
-            out[s][p.id] = None if a is None or b is None else (
-                0.5 if is_tie(a - b, cfg.pairs.tie_tolerance) else float(a > b))
-    out[LONGER] = {p.id: 0.5 if len(p.chosen) == len(p.rejected)
-                   else float(len(p.chosen) > len(p.rejected)) for p in pairs}
-    return out
+class Outcomes:
+    """Each system's outcome per pair, in pair order, and each pair's domain: what the table
+    reads, a few bytes a pair (the agreement with a source adds 100,000 pairs one at a time).
+    An outcome is 1 (the better answer ranked first), 0.5 (a tie), 0 (wrong) or None (failed)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.zeta, self.zetas = cfg.scoring.zeta, _zetas(cfg)
+        self.tolerance = cfg.pairs.tie_tolerance
+        names = ["numeric", "wim", *[f"zeta={z:g}" for z in self.zetas]]
+        self.by_system: dict[str, list[float | None]] = {s: [] for s in [*names, LONGER]}
+        self.domains: list[str] = []
+        self._names: dict[str, str] = {}  # one string per domain, not one per pair
+
+    def add(self, domain: str, better: dict | None, worse: dict | None,
+            better_chars: int, worse_chars: int) -> None:
+        """One pair: the better and the worse answer's scored records (None: not judged) and
+        the answers' lengths in characters (the longer-answer reference)."""
+        a = system_values(better, self.zeta, self.zetas) if better else {}
+        b = system_values(worse, self.zeta, self.zetas) if worse else {}
+        for s, outcomes in self.by_system.items():
+            if s == LONGER:
+                outcomes.append(_outcome(better_chars - worse_chars, 0))
+            elif s in a and s in b:
+                outcomes.append(_outcome(a[s] - b[s], self.tolerance))
+            else:
+                outcomes.append(None)
+        self.domains.append(self._names.setdefault(domain, domain))
+
+
+def _outcome(gap: float, tolerance: float) -> float:
+    return 0.5 if is_tie(gap, tolerance) else (1.0 if gap > 0 else 0.0)
 
 
 def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> dict:
     """Per system: accuracy (ties half) with a paired bootstrap interval, the sign test of
     right against wrong with its Clopper-Pearson interval, tie share, strict accuracy, per
-    domain (n, accuracy, interval), and a paired test against numeric on the same pairs."""
-    outcomes = pair_outcomes(cfg, pairs, scored)
-    out = {s: _row(cfg, pairs, o) for s, o in outcomes.items()}
-    tests = {s: paired_vs_numeric(cfg, outcomes[s], outcomes["numeric"])
-             for s in outcomes if s != "numeric"}
+    domain (n, accuracy, interval), and a paired test against numeric on the same pairs.
+    `scored`: the records of pair `id` as prompt_id, sample_idx 0 the better, 1 the worse."""
+    records = {(r["prompt_id"], r["sample_idx"]): r for r in scored}
+    outcomes = Outcomes(cfg)
+    for p in pairs:
+        outcomes.add(p.domain, records.get((p.id, 0)), records.get((p.id, 1)),
+                     len(p.chosen), len(p.rejected))
+    return outcomes_table(cfg, outcomes)
+
+
+def outcomes_table(cfg: Config, outcomes: Outcomes) -> dict:
+    """`validity_table` from the outcomes themselves."""
+    by_system = outcomes.by_system
+    out = {s: _row(cfg, outcomes.domains, o) for s, o in by_system.items()}
+    tests = {s: paired_vs_numeric(cfg, by_system[s], by_system["numeric"])
+             for s in by_system if s != "numeric"}
     for s, p in zip(tests, holm([t["diff_p"] for t in tests.values()]), strict=True):
         out[s]["vs_numeric"] = {**tests[s], "diff_p_holm": p}
     return out
 
 
-def _row(cfg: Config, pairs: list[GoldPair], outcomes: dict[str, float | None]) -> dict:
-    got = [v for v in outcomes.values() if v is not None]
+def _row(cfg: Config, domains: list[str], outcomes: list[float | None]) -> dict:
+    got = [v for v in outcomes if v is not None]
     right, wrong, tie = got.count(1.0), got.count(0.0), got.count(0.5)
     n, seed, resamples = len(got), cfg.seed, cfg.eval.bootstrap_resamples
-    domains: dict[str, list[float]] = {}
-    for p in pairs:
-        if outcomes[p.id] is not None:
-            domains.setdefault(p.domain, []).append(outcomes[p.id])
+    by_domain: dict[str, list[float]] = {}
+    for domain, v in zip(domains, outcomes, strict=True):
+        if v is not None:
+            by_domain.setdefault(domain, []).append(v)
     return {
         "n": len(outcomes), "right": right, "wrong": wrong, "ties": tie,
         "failures": len(outcomes) - n,
@@ -95,20 +121,20 @@ def _row(cfg: Config, pairs: list[GoldPair], outcomes: dict[str, float | None]) 
         "by_domain": {d: {"n": len(v), "accuracy": sum(v) / len(v),
                           "bootstrap_95": bootstrap_interval(v, seed, resamples),
                           "bootstrap_note": bootstrap_note(v)}
-                      for d, v in sorted(domains.items())},
+                      for d, v in sorted(by_domain.items())},
     }
 
 
-def paired_vs_numeric(cfg: Config, system: dict[str, float | None],
-                      numeric: dict[str, float | None]) -> dict:
-    """One system against numeric on the pairs both scored: the accuracy difference (ties
-    half), with the one-sample t-test of the per-pair differences against 0 and that test's
-    own 95% interval (`mean_test`), so the test, the interval and the difference are about one
-    quantity. (An exact McNemar test counted only "strictly right" and called 12 pairs scored
-    as a tie against a wrong numeric ranking no difference at all.) The strictly-right
-    discordant counts stay as a description."""
-    both = [(system[k], numeric[k]) for k in system
-            if system[k] is not None and numeric.get(k) is not None]
+def paired_vs_numeric(cfg: Config, system: list[float | None],
+                      numeric: list[float | None]) -> dict:
+    """One system against numeric on the pairs both scored (the lists are in pair order): the
+    accuracy difference (ties half), with the one-sample t-test of the per-pair differences
+    against 0 and that test's own 95% interval (`mean_test`), so the test, the interval and the
+    difference are about one quantity. (An exact McNemar test counted only "strictly right"
+    and called 12 pairs scored as a tie against a wrong numeric ranking no difference at all.)
+    The strictly-right discordant counts stay as a description."""
+    both = [(a, b) for a, b in zip(system, numeric, strict=True)
+            if a is not None and b is not None]
     diffs = [a - b for a, b in both]
     test = mean_test(diffs, 0.0)
     return {"n": len(both), "accuracy_diff": test["mean"], "diff_95": test["ci95"],
