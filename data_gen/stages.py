@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -365,10 +367,24 @@ def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]) -> s
 
 
 def _save_dataset(jsonl: Path, folder: Path) -> None:
+    """DIR/pairs/ as `Dataset.save_to_disk` writes it, in memory that does not grow with the
+    run. datasets' JSON builder writes its Arrow file in batches; `save_to_disk` would then copy
+    that file through a memory map of all of it, and the pages it reads stay resident (100k
+    pairs: +250 MB). So `save_to_disk` writes the folder of the first row alone (its state.json
+    and dataset_info.json, with the whole split's info) and the builder's file, in the same
+    Arrow stream format, takes that one-row file's place. More than one builder file: the copy."""
     from datasets import load_dataset
 
-    dataset = load_dataset("json", data_files=str(jsonl), split="train")
-    dataset.save_to_disk(str(folder))
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".pairs-build-") as cache:
+        dataset = load_dataset("json", data_files=str(jsonl), split="train", cache_dir=cache)
+        files = [Path(f["filename"]) for f in dataset.cache_files]
+        if len(files) != 1 or not len(dataset):
+            dataset.save_to_disk(str(folder))
+            return
+        dataset.select([0]).save_to_disk(str(folder))
+        del dataset
+        (data,) = folder.glob("data-00000-of-00001.arrow")
+        os.replace(files[0], data)  # the same file system: a rename
 
 
 def _push(repo: str, folder: Path, card: str) -> None:

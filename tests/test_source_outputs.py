@@ -125,7 +125,9 @@ def test_wim_pairs_and_report_on_written_scores(tmp_path: Path) -> None:
     for command in ("pairs", "report"):
         run_wim([command, str(out), "--no-progress", *sets([])])
     saved = datasets.load_from_disk(str(out / "pairs"))
-    assert saved.num_rows == 4
+    assert saved.num_rows == 4 and saved.split == "train"
+    pairs = datasets.load_dataset("json", data_files=str(out / "pairs.jsonl"), split="train")
+    assert saved.to_list() == pairs.to_list() and saved.features == pairs.features
     assert set(saved["chosen_origin"]) == {"model-0"} and set(saved["rejected_origin"]) == \
         {"model-1"}
     card = DatasetCard.load(out / "pairs" / "README.md")
