@@ -21,6 +21,9 @@
 - attention (`--attn-steps` steps each): DPO with SDPA throughout against what
   training/cpu_attention.py picks (eager for bfloat16 on a CPU), in each dtype, alternating,
   twice; wall seconds of the training loop (`train/seconds`).
+- patches (`--attn-steps` steps each): DPO with all our CPU patches against TRL's log-prob
+  kernel at the same tiles instead of training/cpu_logprobs.py, and (bfloat16 only, where it
+  applies) transformers' RMSNorms instead of training/cpu_norm.py; in turn, twice.
 
 Each generation and judging setting runs twice, alternating; the faster run counts (other
 processes on the same cores slow a run down, never speed it up). Beside wall seconds, the CPU
@@ -48,6 +51,8 @@ QUICKSTART = ROOT.parents[1] / "configs" / "quickstart.yaml"
 sys.path[:0] = [str(ROOT.parents[1]), str(ROOT)]  # this checkout's wim, then bench_generation
 from bench_generation import load_prompts  # noqa: E402 - the same prompt spread
 
+_OURS: dict = {}  # our functions, kept while an arm swaps them out
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,14 +64,14 @@ def main() -> None:
     parser.add_argument("--attn-steps", type=int, default=10, help="attn: DPO steps per run")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--parts", default="generate,judge,dpo,ref",
-                        help="what to time: generate, judge, dpo, ref, attn, step, gemm")
+                        help="what to time: generate, judge, dpo, ref, attn, patches, step, gemm")
     parser.add_argument("--step-rows", type=int, default=8, help="step: sequences per batch")
     parser.add_argument("--step-length", type=int, default=192, help="step: tokens each")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if parts & {"dpo", "ref", "attn"} and args.pairs is None:
-        parser.error("dpo, ref and attn need --pairs RUN/pairs.jsonl")
+    if parts & {"dpo", "ref", "attn", "patches"} and args.pairs is None:
+        parser.error("dpo, ref, attn and patches need --pairs RUN/pairs.jsonl")
     # precompute_ref_log_probs caches its pass in the datasets cache: a private one, emptied
     # before every training, so no run reads another's reference log-probs.
     cache = Path(tempfile.mkdtemp(prefix="bench-dtype-"))
@@ -95,6 +100,8 @@ def main() -> None:
         lines += time_dpo(dtypes, args.pairs, args.steps, cache) + [""]
     if "ref" in parts:
         lines += time_reference_pass(dtypes, args.pairs, args.ref_steps, cache)
+    if "patches" in parts:
+        lines += time_patches(dtypes, args.pairs, args.attn_steps, cache) + [""]
     if "attn" in parts:
         lines += time_attention(dtypes, args.pairs, args.attn_steps, cache) + [""]
     if "step" in parts:
@@ -196,19 +203,28 @@ def time_judging(dtypes: list[str], items: list[tuple[str, str]]) -> list[str]:
 
 
 def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str,
-           attention: str = "auto") -> dict:
+           attention: str = "auto", without: str = "") -> dict:
     """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds.
-    attention "sdpa": training keeps SDPA (training/cpu_attention.py switched off)."""
+    attention "sdpa": training keeps SDPA (training/cpu_attention.py switched off).
+    without "cpu_norm": transformers' RMSNorms; "cpu_logprobs": TRL's log-probability kernel
+    (`ChunkedLogProbFunction`) at the same tiles in place of training/cpu_logprobs.py."""
     import contextlib
     import json
 
+    import training.cpu_logprobs
     import training.dpo
     from training.cpu_attention import training_attention
+    from training.cpu_norm import training_norms
     from training.dpo import train_dpo
     from wim.config import load_config
 
     training.dpo.training_attention = (training_attention if attention == "auto" else
                                        lambda model, max_length: contextlib.nullcontext("sdpa"))
+    training.dpo.training_norms = (training_norms if without != "cpu_norm" else
+                                   lambda model: contextlib.nullcontext())
+    ours = _OURS.setdefault("log_probs", training.cpu_logprobs.completion_log_probs)
+    training.cpu_logprobs.completion_log_probs = (
+        _trl_log_probs if without == "cpu_logprobs" else ours)
 
     for child in cache.iterdir():
         shutil.rmtree(child, ignore_errors=True)
@@ -225,6 +241,41 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
           flush=True)
     return {"metrics": metrics, "losses": losses, "seconds": seconds, "cpu": cpu_s,
             "load": os.getloadavg()[0]}
+
+
+def _trl_log_probs(hidden, weight, bias, targets, outputs):
+    """TRL's kernel with the arguments and tiles of training/cpu_logprobs.py's."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    from training.cpu_logprobs import VOCAB_TILE
+
+    return ChunkedLogProbFunction.apply(hidden, weight, bias, targets, 1.0, VOCAB_TILE, None, 1.0,
+                                        tuple(o for o in outputs if o != "log_probs"))
+
+
+def time_patches(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
+    """Whole DPO steps with each of our CPU patches against the library's own path, in turn,
+    twice: training loop seconds (`train/seconds`, reference precomputed)."""
+    arms = {"ours": ""}
+    arms["TRL's log-prob kernel"] = "cpu_logprobs"
+    lines = [f"DPO patches, {steps} steps each, reference precomputed: training loop seconds "
+             "(train/seconds), each arm twice in turn; ratio = ours / without (best of two)",
+             f"{'dtype':<10} {'arm':<26} {'run 1':>7} {'run 2':>7} {'ours/arm':>9} {'load':>5}"]
+    for dtype in dtypes:
+        dtype_arms = dict(arms)
+        if dtype == "bfloat16":  # the norms are switched only for a bfloat16 model
+            dtype_arms["transformers' RMSNorm"] = "cpu_norm"
+        runs: dict[str, list[dict]] = {a: [] for a in dtype_arms}
+        for _ in range(2):
+            for arm, without in dtype_arms.items():
+                runs[arm].append(_train(dtype, pairs, steps, cache, "precompute",
+                                        without=without))
+        best = {a: min(r["metrics"]["train/seconds"] for r in rs) for a, rs in runs.items()}
+        for arm, rs in runs.items():
+            times = [r["metrics"]["train/seconds"] for r in rs]
+            lines.append(f"{dtype:<10} {arm:<26} {times[0]:>7.1f} {times[1]:>7.1f} "
+                         f"{best['ours'] / best[arm]:>9.2f} {rs[-1]['load']:>5.2f}")
+    return lines
 
 
 def time_dpo(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
