@@ -33,25 +33,17 @@ def test_common_prefix_length():
     assert common_prefix_length([]) == 0
 
 
-def test_the_loop_takes_generates_settings_and_names_those_it_lacks():
-    """generate's order and defaults (transformers 5.24 `_get_logits_processor`): temperature,
-    top-k (50 unless the generation config sets it), top-p; a setting the loop does not
-    apply is named, so that the backend hands the batch to `generate` instead."""
+def test_the_sampler_takes_generates_settings_and_names_those_it_lacks():
+    """generate's defaults (transformers 5.24): top-k 50 unless the generation config sets it;
+    a setting the sampler does not apply is named, so that the backend lets `generate` sample
+    with its own warpers instead."""
     from transformers import GenerationConfig
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper,
-        TopPLogitsWarper,
-    )
 
-    from wim.backends.decode import TopKTopP, end_tokens, sampling_warpers, unsupported_settings
+    from wim.backends.decode import CandidateSampler, end_tokens, unsupported_settings
 
-    warpers = sampling_warpers(GenerationConfig(), 0.7, 0.9)
-    assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKTopP]
-    assert warpers[0].temperature == 0.7 and warpers[1].top_k == 50 and warpers[1].top_p == 0.9
-    assert sampling_warpers(GenerationConfig(top_k=7), 0.7, 1.0)[1].top_k == 7
-    assert [type(w) for w in sampling_warpers(GenerationConfig(top_k=0), 1.0, 1.0)] == []
-    assert [type(w) for w in sampling_warpers(GenerationConfig(top_k=0), 1.0, 0.9)] == [
-        TopPLogitsWarper]
+    assert CandidateSampler(GenerationConfig(), 0.7, 0.9).top_k == 50
+    assert CandidateSampler(GenerationConfig(top_k=7), 0.7, 1.0).top_k == 7
+    assert CandidateSampler(GenerationConfig(top_k=0), 0.7, 1.0).top_k == 0
     assert unsupported_settings(GenerationConfig(eos_token_id=[1, 2], top_k=20)) == []
     assert unsupported_settings(GenerationConfig(repetition_penalty=1.2)) == [
         "repetition_penalty"]
@@ -60,14 +52,22 @@ def test_the_loop_takes_generates_settings_and_names_those_it_lacks():
     assert end_tokens(GenerationConfig()) == []
 
 
+def _kept_scores(scores, top_k, top_p):
+    """`top_k_top_p`'s choice as scores over the vocabulary (-inf where removed)."""
+    import torch
+
+    from wim.backends.decode import top_k_top_p
+
+    values, indices = top_k_top_p(scores, top_k, top_p)
+    return torch.full_like(scores, -float("inf")).scatter_(-1, indices, values)
+
+
 @pytest.mark.parametrize("top_p", [0.95, 0.5, 0.01, 1.0])
 def test_top_k_top_p_gives_generates_scores(top_p):
-    """TopKTopP against transformers' TopKLogitsWarper then TopPLogitsWarper: random scores,
-    a tie at the k-th score, fewer finite scores than k (a format guide's mask)."""
+    """top_k_top_p against transformers' TopKLogitsWarper then TopPLogitsWarper: random
+    scores, a tie at the k-th score, fewer finite scores than k (a format guide's mask)."""
     import torch
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
-
-    from wim.backends.decode import TopKTopP
 
     def generates(scores):
         scores = TopKLogitsWarper(top_k=50)(None, scores)
@@ -79,15 +79,15 @@ def test_top_k_top_p_gives_generates_scores(top_p):
     guided = torch.full_like(scores, -float("inf"))
     guided[:, :7] = scores[:, :7]
     for case in (scores, guided):
-        expected, got = generates(case.clone()), TopKTopP(50, top_p)(None, case.clone())
+        expected, got = generates(case.clone()), _kept_scores(case.clone(), 50, top_p)
         assert torch.equal(torch.isinf(got), torch.isinf(expected))
         assert torch.equal(got[~torch.isinf(got)], expected[~torch.isinf(expected)])
     # With ties on the top-p boundary, which of the equal scores stay follows the sort's order:
     # the same scores stay, maybe at other ones of the tied tokens.
-    expected, got = generates(tied.clone()), TopKTopP(50, top_p)(None, tied.clone())
+    expected, got = generates(tied.clone()), _kept_scores(tied.clone(), 50, top_p)
     for row_expected, row_got in zip(expected, got, strict=True):
         assert torch.equal(row_got.sort().values, row_expected.sort().values)
-    kept = (~torch.isinf(TopKTopP(50, top_p)(None, scores))).sum(-1)
+    kept = (~torch.isinf(_kept_scores(scores, 50, top_p))).sum(-1)
     assert (kept <= 50).all() and (kept >= 1).all() and (top_p < 1.0 or (kept == 50).all())
 
 
@@ -111,7 +111,7 @@ def _generates_probabilities(scores, temperature, top_k, top_p):
 @pytest.mark.parametrize("temperature, top_k, top_p",
                          [(0.8, 50, 0.95), (1.0, 50, 1.0), (0.7, 20, 0.5), (1.3, 0, 0.9)])
 def test_candidate_sampler_has_generates_probabilities(temperature, top_k, top_p):
-    """The loop's sampler over its candidates: generate's probabilities for every token (those
+    """The sampler over its candidates: generate's probabilities for every token (those
     outside the candidates 0), on random scores and under a format guide's mask."""
     import torch
     from transformers import GenerationConfig
@@ -133,7 +133,8 @@ def test_candidate_sampler_has_generates_probabilities(temperature, top_k, top_p
 def test_candidate_sampler_draws_by_those_probabilities():
     """50,000 draws from one row of scores: each token's frequency is its probability (total
     variation under 0.02; without the temperature it is 0.17 away, drawn uniformly over the
-    candidates 0.47), no token outside the candidates, and a seed draws the same tokens again."""
+    candidates 0.47), no token outside the candidates, and a seed draws the same tokens again.
+    What it hands `generate` leaves one token possible per row, the drawn one."""
     import torch
     from transformers import GenerationConfig
 
@@ -142,31 +143,28 @@ def test_candidate_sampler_draws_by_those_probabilities():
     row = torch.randn(1, 500, generator=torch.Generator().manual_seed(2)) * 2
     scores = row.expand(50_000, -1).clone()
     sampler = CandidateSampler(GenerationConfig(), 0.7, 0.95)
-    rows = torch.arange(len(scores))
     torch.manual_seed(0)
-    tokens = sampler(scores, rows, len(scores))
+    chosen = sampler(None, scores)
+    assert bool((torch.isfinite(chosen).sum(-1) == 1).all())
+    tokens = chosen.argmax(-1)
     expected = _generates_probabilities(row.clone(), 0.7, 50, 0.95)[0]
     frequency = torch.bincount(tokens, minlength=500) / len(tokens)
     assert float((frequency - expected).abs().sum()) / 2 < 0.02
     assert bool((expected[tokens] > 0).all())
     torch.manual_seed(0)
-    assert torch.equal(sampler(scores, rows, len(scores)), tokens)
+    assert torch.equal(sampler(None, scores).argmax(-1), tokens)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, prompt", [("wim", "ours"), ("numeric", "ours"), ("wim", "authors")])
 def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt) -> None:
     """wim: the guided format (a stateful logits processor); numeric and authors: stop strings."""
-    from transformers import StaticCache
-
     backend = _bundled_float32(batch_size=3)
-    batches, kept = [], []
-    real_batch, real_reorder = PrefixCache.batch, StaticCache.reorder_cache
+    batches = []
+    real_batch = PrefixCache.batch
     monkeypatch.setattr(PrefixCache, "batch",
                         lambda self, suffixes, *args: batches.append((len(self), len(suffixes)))
                         or real_batch(self, suffixes, *args))
-    monkeypatch.setattr(StaticCache, "reorder_cache",
-                        lambda self, keep: kept.append(len(keep)) or real_reorder(self, keep))
     raws = {}
     for reuse in (False, True):
         view = backend.reference_view()
@@ -188,9 +186,6 @@ def test_same_greedy_judgements_with_and_without_reuse(monkeypatch, mode, prompt
     assert [n for _, n in batches] == [3, 2] * calls
     assert all(length >= max(MIN_PREFIX_TOKENS, 100) for length, _ in batches)
     assert raws[True] == raws[False]
-    if mode == "wim" and prompt == "ours":
-        # Rows that finished early left their batch (wim/backends/decode.py) while others ran on.
-        assert kept and all(0 < n < 3 for n in kept)
 
 
 @pytest.mark.slow
@@ -223,14 +218,17 @@ def test_llama_cpp_same_judgements_with_and_without_reuse(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_sampling_after_a_shared_prefix_follows_the_seed(monkeypatch) -> None:
-    """A judge's retries sample (temperature 0.7) in the same decoding loop: a seed gives the
-    same texts again, another seed other texts."""
-    import wim.backends.decode as decode_module
+    """Sampling after a shared prefix (a judge's retries): the sampler draws on generate's
+    pre-filled cache; a seed gives the same texts again, another seed other texts."""
     from wim.backends import SamplingParams
+    from wim.backends.decode import CandidateSampler
 
     calls = []
-    real = decode_module.decode
-    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real_batch, real_draw = PrefixCache.batch, CandidateSampler.__call__
+    monkeypatch.setattr(PrefixCache, "batch", lambda self, *a: calls.append("prefix") or
+                        real_batch(self, *a))
+    monkeypatch.setattr(CandidateSampler, "__call__", lambda self, *a: calls.append("draw") or
+                        real_draw(self, *a))
 
     backend = _bundled_float32(batch_size=4)
     system = {"role": "system", "content": "You answer in one short sentence. " * 8}
@@ -241,7 +239,7 @@ def test_sampling_after_a_shared_prefix_follows_the_seed(monkeypatch) -> None:
         return [row[0].text for row in backend.generate(convs, params, seed=seed)]
 
     first = texts(3)
-    assert calls and calls[0]["temperature"] == 1.0  # the loop after the prefix sampled
+    assert calls[0] == "prefix" and "draw" in calls  # the sampler drew after the prefix
     assert texts(3) == first
     assert texts(4) != first
     assert all(first)
@@ -266,7 +264,7 @@ def _two_end_token_model(end: int):
     Its layers add nothing (zero output projections), so each next token depends on the
     current one only: " salt" -> newline, "7" -> `end`, anything else -> "7", then " salt". A
     judge after "Missing:" writes " salt", a newline, (the guide's) "Rating:", "7" and `end`;
-    after "Rating:" (numeric mode) "7" and `end`. A loop that did not stop at `end` would write
+    after "Rating:" (numeric mode) "7" and `end`. Decoding that did not stop at `end` would write
     "7" again."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -300,49 +298,34 @@ def _two_end_token_model(end: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("end", [IM_END, END_OF_TEXT])
 @pytest.mark.parametrize("mode", ["wim", "numeric"])
-def test_the_judge_stops_at_either_end_token_of_the_generation_config(monkeypatch, end, mode):
-    import wim.backends.decode as decode_module
-
-    loops = []
-    real = decode_module.decode
-    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: loops.append(1) or real(*a, **k))
+def test_the_judge_stops_at_either_end_token_of_the_generation_config(end, mode):
     model, tokenizer = _two_end_token_model(end)
     forwards = []
     model.register_forward_hook(lambda *args: forwards.append(1))
-    # generate; the loop from the whole prompts; the loop after the shared prefix.
-    for reuse, loop in ((False, False), (False, True), (True, True)):
-        backend = TransformersBackend(model, tokenizer, batch_size=8, reuse_prefix=reuse,
-                                      drop_finished=loop)
+    # generate from the whole prompts; generate after the shared prefix.
+    for reuse in (False, True):
+        backend = TransformersBackend(model, tokenizer, batch_size=8, reuse_prefix=reuse)
         assert backend.end_ids() == [IM_END, END_OF_TEXT]
         judge = BackendJudge(backend, role="external", model_name="tiny", mode=mode,
                              criteria="accuracy", max_new_tokens=24, max_retries=0)
         forwards.clear()
-        loops.clear()
         results = judge.judge(ITEMS[:3], seed=0)
-        assert bool(loops) == loop  # decode.py's loop ran, or generate did
         # Decoding stopped at the end token, not merely the text: one forward pass per token
         # written (one batch), and with reuse one more for the prefix.
         assert len(forwards) == results[0].completion_tokens + reuse
         for r in results:
             if mode == "wim":
                 # " salt", newline, "Rating:" (3 tokens), "7", the end token.
-                assert (r.raw, r.completion_tokens) == ("Missing: salt\nRating:7", 7), (reuse, loop)
+                assert (r.raw, r.completion_tokens) == ("Missing: salt\nRating:7", 7), reuse
                 assert (r.critique, r.rating) == ("salt", 7)
             else:  # "7", the end token
-                assert (r.raw, r.completion_tokens, r.rating) == ("Rating:7", 2, 7), (reuse, loop)
+                assert (r.raw, r.completion_tokens, r.rating) == ("Rating:7", 2, 7), reuse
 
 
 @pytest.mark.slow
-def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse(monkeypatch):
+def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse():
     """A retry samples at the judge's retry temperature (0.7) with generate's top-k of 50:
-    the decoding loop after the prefix draws what it draws from the whole prompts, even after
-    finished rows have left the batch."""
-    from transformers import StaticCache
-
-    kept = []
-    real_reorder = StaticCache.reorder_cache
-    monkeypatch.setattr(StaticCache, "reorder_cache",
-                        lambda self, keep: kept.append(len(keep)) or real_reorder(self, keep))
+    after the prefix it draws what it draws from the whole prompts."""
     backend = _bundled_float32(batch_size=3)
     texts = {}
     for reuse in (False, True):
@@ -354,24 +337,18 @@ def test_a_seeded_judge_retry_samples_the_same_text_with_and_without_reuse(monke
             raws = judge._ask(ITEMS, judge.retry_temperature, seed + 7919)
             texts[reuse, seed] = [raw for raw, *_ in raws]
         greedy = [raw for raw, *_ in judge._ask(ITEMS, 0.0, 1)]
-    assert kept  # rows left the batch while others were still sampling
     assert texts[True, 1] == texts[False, 1]
     assert texts[True, 2] == texts[False, 2]
     assert texts[True, 1] != texts[True, 2] and texts[True, 1] != greedy  # it did sample
 
 
 @pytest.mark.slow
-def test_samples_per_prompt_come_from_the_loop(monkeypatch) -> None:
-    """A policy's call (no shared prefix, n samples per prompt) decodes in the loop too: n rows
-    per prompt, greedy rows equal to the prompt's one greedy answer, sampled rows that differ
-    from each other and come again with the seed."""
-    import wim.backends.decode as decode_module
+def test_samples_per_prompt() -> None:
+    """A policy's call (no shared prefix, n samples per prompt): n rows per prompt, greedy
+    rows equal to the prompt's one greedy answer, sampled rows that differ from each other and
+    come again with the seed."""
     from wim.backends import SamplingParams
 
-    calls = []
-    real = decode_module.decode
-    monkeypatch.setattr(decode_module, "decode", lambda *a, **k: calls.append(a[1].shape) or
-                        real(*a, **k))
     backend = _bundled_float32(batch_size=4)
     convs = [[{"role": "user", "content": q}] for q, _ in ITEMS[:3]]
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -382,4 +359,3 @@ def test_samples_per_prompt_come_from_the_loop(monkeypatch) -> None:
     first = [[c.text for c in row] for row in backend.generate(convs, sampled, n=2, seed=5)]
     assert [[c.text for c in row] for row in backend.generate(convs, sampled, n=2, seed=5)] == first
     assert any(a != b for a, b in first)
-    assert calls and all(shape[0] in (3, 6) for shape in calls)  # prompts x n rows, in the loop

@@ -62,7 +62,6 @@ class FormatGuide(LogitsProcessor):
         ends = [*self.newline_list, *self.end_ids]
         self.digit_or_end = sorted({*self.digit_list, *ends})
         self.rows = [_Row() for _ in range(batch)]
-        self.every_row = list(self.rows)  # in batch order; `rows` loses finished ones
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
                         for c in choices for prefix in ("", " ")]
         if self.choices:
@@ -79,10 +78,6 @@ class FormatGuide(LogitsProcessor):
     def _value_done(self, value: list[int]) -> bool:
         return bool(self.choices) and value in self.choices and not any(
             len(c) > len(value) and c[:len(value)] == value for c in self.choices)
-
-    def keep_rows(self, indices: list[int]) -> None:
-        """Only rows `indices` stay in the batch (wim/backends/decode.py drops finished ones)."""
-        self.rows = [self.rows[i] for i in indices]
 
     def stopper(self) -> StoppingCriteria:
         guide = self

@@ -3,7 +3,7 @@
 Every judge prompt starts with the same tokens (the chat template and the judge's instructions,
 about 200 tokens), so reading that prefix again for each batch repeats the same work. Here the
 prefix is run once per `generate` call and its key/value cache is written into every batch's
-`StaticCache`; decode.py then decodes the batch.
+`StaticCache`; transformers' `generate` then decodes the batch from it.
 
 Layout of a batch with a shared prefix of P tokens (the rest, the suffix, left-padded):
 

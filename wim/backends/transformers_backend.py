@@ -28,15 +28,11 @@ class TransformersBackend(Backend):
 
     def __init__(
         self, model, tokenizer, batch_size: int = 8, label: str = "", without_adapter: bool = False,
-        reuse_prefix: bool = True, drop_finished: bool = True,
+        reuse_prefix: bool = True,
     ) -> None:
         self.model = model
         self.reuse_prefix = reuse_prefix
         """Read a prefix shared by all prompts of a call once (prefix_cache.py)."""
-        self.drop_finished = drop_finished
-        """Decode with decode.py's loop, finished rows leaving the batch and sampling over the
-        kept tokens only; False: transformers' `generate` (on the pre-filled cache of a shared
-        prefix, if any)."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.label = label
@@ -67,7 +63,7 @@ class TransformersBackend(Backend):
             )
         return TransformersBackend(self.model, self.tokenizer, batch_size or self.batch_size,
                                    label=self.label, without_adapter=True,
-                                   reuse_prefix=self.reuse_prefix, drop_finished=self.drop_finished)
+                                   reuse_prefix=self.reuse_prefix)
 
     @property
     def dtype(self) -> str:
@@ -137,24 +133,25 @@ class TransformersBackend(Backend):
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return enc.input_ids.to(self.model.device), enc.attention_mask.to(self.model.device), None
 
-    def _generate(self, input_ids, attention_mask, params: SamplingParams, n: int, processors,
-                  criteria, cache=None):
-        """New tokens from `transformers`' own `generate` (n samples per row); with `cache`
-        (holding the shared prefix) it reads only the uncached tail of `input_ids`."""
-        from wim.backends.decode import sampling_warpers, unsupported_settings
+    def _generate(self, inputs, params: SamplingParams, n: int, processors, criteria):
+        """New tokens from `transformers`' `generate`, n rows per prompt (laid out as its
+        `num_return_sequences` would); with a cache in `inputs` (holding the shared prefix) it
+        reads only the uncached tail of the input ids. Sampling draws in decode.py's
+        `CandidateSampler`, generate's own warpers only for settings the sampler lacks."""
+        from wim.backends.decode import CandidateSampler, unsupported_settings
 
-        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=params.temperature > 0,
-                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id,
-                      eos_token_id=self.end_ids())
+        input_ids, attention_mask, cache = inputs
+        if n > 1:
+            input_ids = input_ids.repeat_interleave(n, dim=0)
+            attention_mask = attention_mask.repeat_interleave(n, dim=0)
+        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=False,
+                      pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_ids())
         config = self.model.generation_config
         if params.temperature > 0 and not unsupported_settings(config):
-            # decode.py's warpers (generate's, with a faster top-k + top-p), so that generate
-            # adds none of its own; a config with settings they lack keeps generate's.
             processors = [*processors,
-                          *sampling_warpers(config, params.temperature, params.top_p)]
-            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+                          CandidateSampler(config, params.temperature, params.top_p)]
         elif params.temperature > 0:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p)
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         if processors:
@@ -165,55 +162,20 @@ class TransformersBackend(Backend):
         out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out[:, input_ids.shape[1]:]
 
-    def _decode(self, inputs, params: SamplingParams, n: int, processors, criteria):
-        """decode.py's loop, after the shared prefix in `inputs`' cache, or from the prompt's
-        first token in a `StaticCache` sized for the batch (n rows per prompt, as `generate`'s
-        `num_return_sequences` lays them out)."""
-        from transformers import StaticCache, StopStringCriteria
-
-        from wim.backends.decode import decode
-
-        input_ids, attention_mask, cache = inputs
-        if cache is None:
-            input_ids = input_ids.repeat_interleave(n, dim=0)
-            attention_mask = attention_mask.repeat_interleave(n, dim=0)
-            cache = StaticCache(config=self.model.config,
-                                max_cache_len=input_ids.shape[1] + params.max_new_tokens)
-        if params.stop:
-            criteria = [*criteria, StopStringCriteria(self.tokenizer, list(params.stop))]
-        return decode(self.model, input_ids, attention_mask, cache,
-                      cached=int(cache.get_seq_length()), max_new_tokens=params.max_new_tokens,
-                      eos_ids=self.end_ids(), pad_id=self.tokenizer.pad_token_id,
-                      temperature=params.temperature, top_p=params.top_p,
-                      processors=processors, criteria=criteria)
-
     def end_ids(self) -> list[int]:
         """The tokens that end a completion: the model's generation config lists them (Llama-3
-        and Qwen list several), else the tokenizer's end-of-sequence token. Both decoding paths
-        and the token count use this one list."""
+        and Qwen list several), else the tokenizer's end-of-sequence token. `generate`, the format
+        guide and the token count use this one list."""
         from wim.backends.decode import end_tokens
 
         ids = end_tokens(self.model.generation_config)
         eos = self.tokenizer.eos_token_id
         return ids or ([eos] if eos is not None else [])
 
-    def _use_loop(self) -> bool:
-        """decode.py's loop, unless the model's generation config asks `generate` for settings
-        the loop does not apply (then `generate` decodes, from the pre-filled cache if any)."""
-        from wim.backends.decode import unsupported_settings
-
-        if not self.drop_finished:
-            return False
-        unsupported = unsupported_settings(self.model.generation_config)
-        if unsupported:
-            logger.debug("generation config sets %s: generate decodes, not the loop",
-                         unsupported)
-        return not unsupported
-
     def _generate_batch(self, inputs, params: SamplingParams, n: int):
         import torch
 
-        input_ids, attention_mask, cache = inputs
+        input_ids, attention_mask, _ = inputs
         rows = input_ids.shape[0]
         processors, criteria, guide = [], [], None
         if params.guide_label:
@@ -226,11 +188,7 @@ class TransformersBackend(Backend):
                                 record=bool(params.top_logprobs and params.guide_choices))
             processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context(), decoding_attention(self.model):
-            if self._use_loop():  # finished rows leave the batch
-                new = self._decode(inputs, params, n, processors, criteria)
-            else:
-                new = self._generate(input_ids, attention_mask, params, n, processors, criteria,
-                                     cache)
+            new = self._generate(inputs, params, n, processors, criteria)
         results = []
         for row in range(rows):
             prompt_tokens = int(attention_mask[row].sum())
@@ -310,7 +268,7 @@ def _has_lora_layers(model) -> bool:
 def _value_top(guide, index: int, count: int) -> tuple[dict[str, float], ...]:
     """`Completion.top_logprobs` of a guided row: the choice distribution at its value's
     position, empty elsewhere (the guide records only that step); () when it has none."""
-    row = guide.every_row[index]
+    row = guide.rows[index]
     if not row.value_top or not 0 <= row.value_position < count:
         return ()
     return tuple(row.value_top if i == row.value_position else {} for i in range(count))
