@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from training.cpu_attention import training_attention
-from training.cpu_norm import training_norms
 from wim.config import Config, ConfigError
 from wim.errors import InputError
 from wim.models import load_causal_lm
@@ -96,8 +95,8 @@ def train_dpo_model(
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)
     _reset_peak_memory()
-    # eager attention and leaner norms for bfloat16 on a CPU (cpu_attention.py, cpu_norm.py)
-    with training_attention(model, args.max_length) as attention, training_norms(model):
+    # eager attention for bfloat16 on a CPU (cpu_attention.py)
+    with training_attention(model, args.max_length) as attention:
         trainer = WimDPOTrainer(
             model=model,
             args=args,

@@ -22,8 +22,7 @@
   training/cpu_attention.py picks (eager for bfloat16 on a CPU), in each dtype, alternating,
   twice; wall seconds of the training loop (`train/seconds`).
 - patches (`--attn-steps` steps each): DPO with all our CPU patches against TRL's log-prob
-  kernel at the same tiles instead of training/cpu_logprobs.py, and (bfloat16 only, where it
-  applies) transformers' RMSNorms instead of training/cpu_norm.py; in turn, twice.
+  kernel at the same tiles instead of training/cpu_logprobs.py; in turn, twice.
 
 Each generation and judging setting runs twice, alternating; the faster run counts (other
 processes on the same cores slow a run down, never speed it up). Beside wall seconds, the CPU
@@ -206,7 +205,7 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
            attention: str = "auto", without: str = "") -> dict:
     """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds.
     attention "sdpa": training keeps SDPA (training/cpu_attention.py switched off).
-    without "cpu_norm": transformers' RMSNorms; "cpu_logprobs": TRL's log-probability kernel
+    without "cpu_logprobs": TRL's log-probability kernel
     (`ChunkedLogProbFunction`) at the same tiles in place of training/cpu_logprobs.py."""
     import contextlib
     import json
@@ -214,14 +213,11 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
     import training.cpu_logprobs
     import training.dpo
     from training.cpu_attention import training_attention
-    from training.cpu_norm import training_norms
     from training.dpo import train_dpo
     from wim.config import load_config
 
     training.dpo.training_attention = (training_attention if attention == "auto" else
                                        lambda model, max_length: contextlib.nullcontext("sdpa"))
-    training.dpo.training_norms = (training_norms if without != "cpu_norm" else
-                                   lambda model: contextlib.nullcontext())
     ours = _OURS.setdefault("log_probs", training.cpu_logprobs.completion_log_probs)
     training.cpu_logprobs.completion_log_probs = (
         _trl_log_probs if without == "cpu_logprobs" else ours)
@@ -263,8 +259,6 @@ def time_patches(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> lis
              f"{'dtype':<10} {'arm':<26} {'run 1':>7} {'run 2':>7} {'ours/arm':>9} {'load':>5}"]
     for dtype in dtypes:
         dtype_arms = dict(arms)
-        if dtype == "bfloat16":  # the norms are switched only for a bfloat16 model
-            dtype_arms["transformers' RMSNorm"] = "cpu_norm"
         runs: dict[str, list[dict]] = {a: [] for a in dtype_arms}
         for _ in range(2):
             for arm, without in dtype_arms.items():
