@@ -75,6 +75,11 @@ def test_using_it_commands_run(tmp_path: Path) -> None:
     assert (runs / "all" / "samples.jsonl").is_file()
 
 
+def test_readme_stays_short() -> None:
+    """A newcomer reads it in minutes; measured figures belong in docs/benchmarks.md."""
+    assert len(README.splitlines()) <= 200
+
+
 def test_wim_commands_parse() -> None:
     wim = [c[1:] for c in _commands() if c[0] == "wim"]
     assert len(wim) >= 5
