@@ -1,11 +1,11 @@
 """Which attention DPO trains with on a CPU in bfloat16: transformers' eager attention, not SDPA.
 
 PyTorch's CPU flash-attention kernel (what SDPA runs there, torch 2.13) is no faster in bfloat16
-than in float32 forward, and its backward is 1.5-2.7x *slower* in bfloat16. Under bfloat16
-autocast that backward was the largest cost of a DPO step after the matrix products. Eager
-attention (two batched matrix products in bfloat16 around a float32 softmax) has no such kernel:
-ten quickstart DPO steps took 21.1 s with it against 26.2 s with SDPA, while in float32 the two
-are within noise (`bench_dtype.py --parts attn`, tests/benchmarks/results/dtype_attention.txt).
+than in float32 forward, and its backward is *slower* in bfloat16. Under bfloat16 autocast that
+backward was the largest cost of a DPO step after the matrix products. Eager attention (two
+batched matrix products in bfloat16 around a float32 softmax) has no such kernel: quickstart
+DPO steps are faster with it in bfloat16, while in float32 the two are within noise
+(`bench_dtype.py --parts attn`, tests/benchmarks/results/dtype_attention.txt).
 So a bfloat16 model on a CPU trains with eager attention, for the duration of the `with`;
 sampling and judging, which run outside it, keep SDPA, and so does every model on a GPU or in
 float32. Eager attention keeps each layer's `[batch, heads, length, length]` probabilities for

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-#: Vocabulary columns per tile: 512 tokens x 4096 columns of float32 is 8 MB, measured fastest
+#: Vocabulary columns per tile: 512 tokens x 4096 columns of float32 is 8 MB, the fastest
 #: on a 2-core CPU (tests/benchmarks/results/cpu_head.txt).
 VOCAB_TILE = 4096
 
@@ -45,8 +45,7 @@ def _tiles(vocab: int):
 class _Tiles:
     """One call's tile buffers, reused for every tile: a fresh 8 MB tensor per tile is a fresh
     allocation the allocator hands back to the system when freed, and touching its pages again
-    cost about as much as the arithmetic (forward and backward of 512 tokens through SmolLM2's
-    head, 2 threads, AMX Xeon: bfloat16 0.21 -> 0.16 s, float32 0.40 -> 0.33 s)."""
+    cost about as much as the arithmetic (docs/benchmarks.md, "DPO training on a CPU")."""
 
     def __init__(self, rows: int, dtype: torch.dtype, device) -> None:
         self.z = torch.empty(rows * VOCAB_TILE, dtype=torch.float32, device=device)

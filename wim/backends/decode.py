@@ -2,9 +2,9 @@
 among the tokens top-k and top-p keep.
 
 Decoding is transformers' own `generate`, after a shared prefix's pre-filled cache where there
-is one (prefix_cache.py). A loop of our own that dropped finished rows from the batch was
-1.05x of `generate` on the same pre-filled cache for the quickstart's 96 judgements in float32
-(tests/benchmarks/results/judge_96_float32.txt), under the 1.3x it had to earn, and is gone.
+is one (prefix_cache.py). A loop of our own that dropped finished rows from the batch did not
+earn its place over `generate` on the same pre-filled cache and is gone
+(tests/benchmarks/results/judge_96_float32.txt, quickstart_loop_deletion.txt).
 
 `CandidateSampler` is a logits processor that applies temperature, top-k and top-p as
 `generate` would, draws one token from their softmax over the kept tokens only, and leaves
@@ -69,7 +69,7 @@ def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float):
     keep different numbers of tokens; a row's kept ones come first).
 
     generate's top-p sorts the whole vocabulary and takes its cumulative softmax although top-k
-    left about k finite scores (~22 ms a step for 32 rows x 49152 tokens on a CPU); here top-p
+    left about k finite scores (docs/benchmarks.md, "Decoding and sampling"); here top-p
     runs on what `topk` returns: the k best, and every token tied with the k-th (generate's
     top-k keeps ties too; in bfloat16 most steps of a batch have some). Where tied scores
     straddle the top-p boundary, which of them stays depends on the sort's order of equal

@@ -65,7 +65,7 @@ class ScoringConfig:
     """score = (1 - zeta) * rating_norm + zeta * similarity; 1 = pure WIM, 0 = pure numeric."""
     embedder: str = "bundled:all-minilm-l6-v2"
     """sentence-transformers model E: `bundled:all-minilm-l6-v2` (fast), `bundled:all-mpnet-base-v2`
-    (the authors' choice, about 6x slower on CPU), a local folder or a hub id."""
+    (the authors' choice, several times slower on a CPU), a local folder or a hub id."""
     report_zetas: list[float] = field(default_factory=lambda: [0.0, 0.4, 1.0])
     """zetas reported side by side (all from one judging pass)."""
     batch_size: int = 64
