@@ -370,9 +370,10 @@ def _save_dataset(jsonl: Path, folder: Path) -> None:
     """DIR/pairs/ as `Dataset.save_to_disk` writes it, in memory that does not grow with the
     run. datasets' JSON builder writes its Arrow file in batches; `save_to_disk` would then copy
     that file through a memory map of all of it, and the pages it reads stay resident
-    (docs/benchmarks.md, "The HTTP driver"). So `save_to_disk` writes the folder of the first row alone (its state.json
-    and dataset_info.json, with the whole split's info) and the builder's file, in the same
-    Arrow stream format, takes that one-row file's place. More than one builder file: the copy."""
+    (docs/benchmarks.md, "The HTTP driver"). So `save_to_disk` writes the folder of the first
+    row alone (its state.json and dataset_info.json, with the whole split's info) and the
+    builder's file, in the same Arrow stream format, takes that one-row file's place. More than
+    one builder file: the copy."""
     from datasets import load_dataset
 
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".pairs-build-") as cache:

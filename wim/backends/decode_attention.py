@@ -1,17 +1,17 @@
 """Attention for one new token at a time on a CPU: two matrix products instead of SDPA's kernel.
 
 When a model decodes, each step has one query row per sequence. PyTorch's CPU flash-attention
-kernel (what SDPA runs there, torch 2.13) is slow for that shape, most of all in bfloat16,
-where it is hardly faster than in float32. Two matrix products around a float32 softmax are
-faster for SmolLM2-135M's heads at 8-32 rows x 120-1100 cached positions in both dtypes
-(tests/benchmarks/bench_decode_attention.py, results/decode_attention.txt). So on a CPU, while the backend decodes, a model that uses SDPA uses
-`decode_attention_forward`: one-row steps run the two products
-(transformers' eager arithmetic: scores rounded to the model's dtype, softmax in float32, but
-without eager's copies of the key/value heads); every other call (prompt prefill) stays SDPA,
-the faster one there. Training never runs under it: `decoding_attention` switches it on for
-the duration of a `with` only. In bfloat16 the rounded scores change some greedy outputs
-against SDPA's float32 scores (docs/benchmarks.md); in float32 the two agree to float rounding
-(tests/wim/test_decode_attention.py).
+kernel (what SDPA runs there, torch 2.13) is slow for that shape, most of all in bfloat16, where
+it is hardly faster than in float32. Two matrix products around a float32 softmax are faster for
+SmolLM2-135M's heads at 8-32 rows x 120-1100 cached positions in both dtypes
+(tests/benchmarks/bench_decode_attention.py, results/decode_attention.txt). So on a CPU, while
+the backend decodes, a model that uses SDPA uses `decode_attention_forward`: one-row steps run
+the two products (transformers' eager arithmetic: scores rounded to the model's dtype, softmax
+in float32, but without eager's copies of the key/value heads); every other call (prompt
+prefill) stays SDPA, the faster one there. Training never runs under it: `decoding_attention`
+switches it on for the duration of a `with` only. In bfloat16 the rounded scores change some
+greedy outputs against SDPA's float32 scores (docs/benchmarks.md); in float32 the two agree to
+float rounding (tests/wim/test_decode_attention.py).
 """
 
 from __future__ import annotations
