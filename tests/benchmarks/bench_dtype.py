@@ -252,16 +252,14 @@ def _trl_log_probs(hidden, weight, bias, targets, outputs):
 def time_patches(dtypes: list[str], pairs: Path, steps: int, cache: Path) -> list[str]:
     """Whole DPO steps with each of our CPU patches against the library's own path, in turn,
     twice: training loop seconds (`train/seconds`, reference precomputed)."""
-    arms = {"ours": ""}
-    arms["TRL's log-prob kernel"] = "cpu_logprobs"
+    arms = {"ours": "", "TRL's log-prob kernel": "cpu_logprobs"}
     lines = [f"DPO patches, {steps} steps each, reference precomputed: training loop seconds "
              "(train/seconds), each arm twice in turn; ratio = ours / without (best of two)",
              f"{'dtype':<10} {'arm':<26} {'run 1':>7} {'run 2':>7} {'ours/arm':>9} {'load':>5}"]
     for dtype in dtypes:
-        dtype_arms = dict(arms)
-        runs: dict[str, list[dict]] = {a: [] for a in dtype_arms}
+        runs: dict[str, list[dict]] = {a: [] for a in arms}
         for _ in range(2):
-            for arm, without in dtype_arms.items():
+            for arm, without in arms.items():
                 runs[arm].append(_train(dtype, pairs, steps, cache, "precompute",
                                         without=without))
         best = {a: min(r["metrics"]["train/seconds"] for r in rs) for a, rs in runs.items()}

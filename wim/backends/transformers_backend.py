@@ -10,13 +10,10 @@ On a CPU, one-token decoding steps use decode_attention.py's attention instead o
 from __future__ import annotations
 
 import contextlib
-import logging
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams
 from wim.backends.decode_attention import decoding_attention
 from wim.models import load_causal_lm
-
-logger = logging.getLogger(__name__)
 
 
 class TransformersBackend(Backend):
