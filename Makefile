@@ -71,9 +71,12 @@ quickstart: install
 # -n 1: the tests run in one pytest-xdist worker process. A crash in native code (llama.cpp,
 # torch) then fails the one test that was running; xdist starts a new worker for the rest.
 PYTEST_ISOLATE ?= -n 1
+# Every test's cost: the 40 slowest are printed, and every test's time goes to a JUnit file that
+# tools/test_cost.py sums by file and holds against the suite's budget.
+TEST_COST ?= --durations=40 --durations-min=5 --junitxml=test-results.xml
 
 test: install-dev
-	@$(STEP) "pytest (whole suite, crash-isolated worker)" $(PY) -m pytest -q $(PYTEST_ISOLATE)
+	@$(STEP) "pytest (whole suite, crash-isolated worker)" $(PY) -m pytest -q $(PYTEST_ISOLATE) $(TEST_COST)
 
 test-fast: install
 	$(PY) -m pytest -q $(PYTEST_ISOLATE) -m "not slow"
