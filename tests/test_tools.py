@@ -62,3 +62,25 @@ def test_wait_ready_names_a_server_that_exited_and_shows_its_log(tmp_path: Path)
     with pytest.raises(RuntimeError, match=r"(?s)llama_cpp.server exited with 3:.*no model here"):
         tools_launcher().wait_ready(f"http://127.0.0.1:{free_port()}/v1", proc, log, timeout_s=5,
                                name="llama_cpp.server", poll_s=0.1)
+
+
+def test_test_cost_sums_a_real_junit_file_and_holds_the_budget(tmp_path: Path) -> None:
+    """tools/test_cost.py on the JUnit file of a real pytest run: the slow test is listed first,
+    its file's total is there, and a budget under the suite's wall time fails the check."""
+    (tmp_path / "test_two.py").write_text(
+        "import time\n\ndef test_slow():\n    time.sleep(0.6)\n\ndef test_quick():\n    pass\n")
+    junit = tmp_path / "results.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    f"--junitxml={junit}", str(tmp_path / "test_two.py")],
+                   cwd=tmp_path, check=True, capture_output=True)
+    tool = [sys.executable, str(ROOT / "tools" / "test_cost.py"), str(junit)]
+    ok = subprocess.run([*tool, "--budget-s", "600", "--write", str(tmp_path / "cost.txt")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == (tmp_path / "cost.txt").read_text()
+    slowest = ok.stdout.split("slowest tests")[1].splitlines()[1:3]
+    assert "test_slow" in slowest[0] and "test_quick" in slowest[1], ok.stdout
+    assert float(slowest[0].split()[0]) >= 0.6
+    assert "tests: 2 " in ok.stdout
+    over = subprocess.run([*tool, "--budget-s", "0.3"], capture_output=True, text=True)
+    assert over.returncode == 1 and "over its budget of 0.3 s" in over.stderr, over.stderr
