@@ -46,8 +46,9 @@ def summary(wall: float, cases: list[tuple[float, str, str]], top: int) -> str:
     for secs, path, _ in cases:
         by_file[path].append(secs)
     total = sum(secs for secs, _, _ in cases)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [f"tests: {len(cases)}   suite wall time: {wall:.0f} s   sum of test times: "
-             f"{total:.0f} s   load average at the end: {'%.2f %.2f %.2f' % os.getloadavg()}",
+             f"{total:.0f} s   load average at the end: {load}",
              "", "totals by file (s, tests, file):"]
     for path, times in sorted(by_file.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"{sum(times):8.1f} {len(times):4d}  {path}")

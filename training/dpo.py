@@ -104,6 +104,7 @@ def train_dpo_model(
             processing_class=tokenizer,
             peft_config=peft_config,
         )
+        keep_lora_float32(trainer.model)
         lora = {n: p for n, p in trainer.model.named_parameters()
                 if "lora_" in n and p.requires_grad and ".ref." not in n}
         with state.main_process_first():
@@ -151,6 +152,36 @@ def lora_inputs_uncast(model, args):
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model) if args.bf16 else contextlib.nullcontext()
+
+
+def keep_lora_float32(model) -> None:
+    """On a quantized base (QLoRA) TRL casts the trainable weights to bfloat16 (offline and
+    online). With 8 mantissa bits, Adam's step at DPO's learning rates (5e-7 in the paper) is
+    below half a unit in the last place of a LoRA weight, so the weight never changes. The
+    trainable weights go back to float32 here, before the optimizer exists; bfloat16 autocast
+    still computes in bfloat16."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not (getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False)):
+        return
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+def one_gpu_per_process(args):
+    """`args` (a TrainingArguments) with one GPU for this process. Outside a launcher
+    transformers gives a process every visible GPU (`n_gpu`) and wraps the model in
+    nn.DataParallel: TRL's DPO refuses that, online DPO would run on it silently (an n_gpu x
+    batch, no autocast). wim trains on the first GPU, where it sampled and judged; `accelerate
+    launch` (configs/accelerate/ddp.yaml) uses them all, one per process."""
+    if args.n_gpu > 1:
+        logger.warning("%d GPUs are visible and no launcher started wim: training on the first "
+                       "only. To train on all: accelerate launch --config_file "
+                       "configs/accelerate/ddp.yaml -m wim train DIR", args.n_gpu)
+        args._n_gpu = 1  # what args.n_gpu returns (tests/training/test_gpu_paths.py)
+    return args
 
 
 def _precision(args, model, lora: dict) -> dict[str, str]:
@@ -256,7 +287,7 @@ def _initial_lora(lora: dict, path: Path, resuming: bool, main: bool = True) -> 
     import torch
 
     if resuming and path.is_file():
-        return torch.load(path)
+        return torch.load(path, map_location="cpu")  # each rank moves it to its own device
     initial = {n: p.detach().clone() for n, p in lora.items()}
     if main:
         torch.save(initial, path)
@@ -335,7 +366,7 @@ def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int,
     )
     if not cfg.dpo.save_steps:
         dpo.pop("save_steps")  # DPOConfig refuses save_steps=0
-    return DPOConfig(**{**kwargs, **dpo, **extra})
+    return one_gpu_per_process(DPOConfig(**{**kwargs, **dpo, **extra}))
 
 
 def _load_pairs(pairs_path: Path):

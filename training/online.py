@@ -168,11 +168,12 @@ def online_args(cfg: Config, output_dir: Path, progress: bool):
     import torch
     from trl.experimental.online_dpo import OnlineDPOConfig
 
+    from training.dpo import one_gpu_per_process
     from wim.models import device_and_dtype
 
     d, t = cfg.dpo, cfg.training
     device, dtype = device_and_dtype(cfg.policy.dtype)
-    return OnlineDPOConfig(
+    return one_gpu_per_process(OnlineDPOConfig(
         output_dir=str(output_dir), learning_rate=d.learning_rate, beta=[d.beta],
         max_steps=d.max_steps, per_device_train_batch_size=d.per_device_train_batch_size,
         gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
@@ -182,7 +183,10 @@ def online_args(cfg: Config, output_dir: Path, progress: bool):
         use_cpu=device == "cpu", bf16=dtype == torch.bfloat16,
         activation_checkpointing=t.gradient_checkpointing,
         report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
-        disable_tqdm=not progress, loss_type="sigmoid")
+        disable_tqdm=not progress, loss_type="sigmoid",
+        # TRL samples without a KV cache when checkpointing is on, several times slower; it
+        # samples under no_grad, where transformers keeps the cache with checkpointing on.
+        generation_kwargs={"use_cache": True}))
 
 
 def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
@@ -192,7 +196,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     import datasets
 
     from data_gen.pipeline import Resources
-    from training.dpo import _reset_peak_memory, lora_config, peak_memory
+    from training.dpo import _reset_peak_memory, keep_lora_float32, lora_config, peak_memory
     from training.online_trainer import WimOnlineDPOTrainer
     from wim.embedders import open_embedder
 
@@ -211,6 +215,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
                                args=online_args(cfg, out / "trainer", progress),
                                train_dataset=dataset, processing_class=tokenizer,
                                peft_config=lora_config(cfg))
+    keep_lora_float32(trainer.model)
     reward.trainer = trainer
     start = time.perf_counter()
     try:

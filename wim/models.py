@@ -222,10 +222,17 @@ def quantization_config(load_in_4bit: bool):
                               bnb_4bit_use_double_quant=True)
 
 
+def quantized_device_map() -> dict[str, int]:
+    """Where a 4-bit model goes: this process's own GPU. bitsandbytes needs an explicit device
+    map; under a launcher (DDP) each rank has its own GPU, LOCAL_RANK (the same number as
+    accelerate's `local_process_index`, without starting the process group)."""
+    return {"": int(os.environ.get("LOCAL_RANK", "0"))}
+
+
 def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool = False,
                    peft_adapter: bool = False, dtype: str = "auto"):
     """Load a causal LM and its tokenizer, resolving `bundled:` names, on the GPU when there is
-    one, in `dtype` (`auto`: bfloat16 on CUDA and on CPUs with native bfloat16, else float32;
+    one, in `dtype` (`auto`: bfloat16 on GPUs and CPUs with native bfloat16, else float32;
     see wim/precision.py). A LoRA adapter put on a bfloat16 model for training gets float32
     weights (peft's `autocast_adapter_dtype`), so the trained weights stay float32.
 
@@ -241,7 +248,7 @@ def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool 
     quant = quantization_config(load_in_4bit)
     kwargs = {"dtype": torch_dtype}
     if quant is not None:
-        kwargs.update(quantization_config=quant, device_map={"": 0})
+        kwargs.update(quantization_config=quant, device_map=quantized_device_map())
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -1,10 +1,10 @@
 """Which floating-point type a local model computes in: `dtype: auto | float32 | bfloat16`.
 
-`auto` is bfloat16 on CUDA, and on a CPU bfloat16 only when the CPU computes it natively (AMX
-tiles or AVX512-BF16, as torch reports them); elsewhere bfloat16 is emulated and slower than
-float32, so float32 stays. `pick_dtype` is the pure rule; `machine()` asks torch what this
-machine has. The in-process embedder follows it too (`scoring.dtype`, wim/embedders.py); its
-dtype is part of each stored similarity's key, so dtypes never mix.
+`auto` is bfloat16 only where the device computes it natively: on a GPU from Ampere on, on a CPU
+with AMX tiles or AVX512-BF16 (as torch reports them); elsewhere (older GPUs included) bfloat16 is
+emulated and slower than float32, so float32 stays. `pick_dtype` is the pure rule; `machine()` asks
+torch what this machine has. The in-process embedder follows it too (`scoring.dtype`,
+wim/embedders.py); its dtype is part of each stored similarity's key, so dtypes never mix.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class Machine:
 
     cuda: bool
     """A CUDA GPU is visible (models then run on it)."""
+    cuda_bf16: bool
+    """That GPU computes bfloat16 natively (Ampere and later:
+    `torch.cuda.is_bf16_supported(including_emulation=False)`); older ones emulate it, slowly."""
     cpu_capability: str
     """torch's SIMD level for its CPU kernels (`torch.backends.cpu.get_cpu_capability()`:
     AVX2, AVX512, ...)."""
@@ -51,7 +54,9 @@ def pick_dtype(requested: str, machine: Machine) -> str:
         raise DtypeError(f"dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
     if requested != "auto":
         return requested
-    return "bfloat16" if machine.cuda or machine.native_bf16 else "float32"
+    if machine.cuda:
+        return "bfloat16" if machine.cuda_bf16 else "float32"
+    return "bfloat16" if machine.native_bf16 else "float32"
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,7 +64,9 @@ def machine() -> Machine:
     """This machine, as torch sees it (imports torch; asked once per process)."""
     import torch
 
-    return Machine(cuda=torch.cuda.is_available(),
+    cuda = torch.cuda.is_available()
+    return Machine(cuda=cuda,
+                   cuda_bf16=cuda and torch.cuda.is_bf16_supported(including_emulation=False),
                    cpu_capability=torch.backends.cpu.get_cpu_capability(),
                    avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
                    amx_tile=bool(torch.cpu._is_amx_tile_supported()))

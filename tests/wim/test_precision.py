@@ -14,18 +14,27 @@ from wim.config import load_config
 from wim.precision import DtypeError, Machine, pick_dtype, pin_dtypes
 from wim.rundir import RunDir, RunDirError
 
-XEON_AMX = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=True, amx_tile=True)
-ZEN4 = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=True, amx_tile=False)
-AMX_ONLY = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=False, amx_tile=True)
-AVX2 = Machine(cuda=False, cpu_capability="AVX2", avx512_bf16=False, amx_tile=False)
-AVX512_NO_BF16 = Machine(cuda=False, cpu_capability="AVX512", avx512_bf16=False,
+XEON_AMX = Machine(cuda=False, cuda_bf16=False, cpu_capability="AVX512",
+                   avx512_bf16=True, amx_tile=True)
+ZEN4 = Machine(cuda=False, cuda_bf16=False, cpu_capability="AVX512",
+               avx512_bf16=True, amx_tile=False)
+AMX_ONLY = Machine(cuda=False, cuda_bf16=False, cpu_capability="AVX512",
+                   avx512_bf16=False, amx_tile=True)
+AVX2 = Machine(cuda=False, cuda_bf16=False, cpu_capability="AVX2",
+               avx512_bf16=False, amx_tile=False)
+AVX512_NO_BF16 = Machine(cuda=False, cuda_bf16=False, cpu_capability="AVX512", avx512_bf16=False,
                          amx_tile=False)
-GPU_OLD_CPU = Machine(cuda=True, cpu_capability="AVX2", avx512_bf16=False, amx_tile=False)
+GPU_OLD_CPU = Machine(cuda=True, cuda_bf16=True, cpu_capability="AVX2", avx512_bf16=False,
+                      amx_tile=False)
+# A GPU before Ampere (a T4, a V100): bfloat16 only emulated, so `auto` keeps float32.
+PRE_AMPERE = Machine(cuda=True, cuda_bf16=False, cpu_capability="AVX512", avx512_bf16=True,
+                     amx_tile=True)
 
 
 @pytest.mark.parametrize("machine, expected", [
     (XEON_AMX, "bfloat16"), (ZEN4, "bfloat16"), (AMX_ONLY, "bfloat16"),
     (AVX2, "float32"), (AVX512_NO_BF16, "float32"), (GPU_OLD_CPU, "bfloat16"),
+    (PRE_AMPERE, "float32"),
 ])
 def test_auto_is_bfloat16_only_where_it_is_native(machine: Machine, expected: str) -> None:
     assert pick_dtype("auto", machine) == expected
@@ -63,7 +72,7 @@ def test_this_machine_as_torch_reports_it_matches_proc_cpuinfo() -> None:
     assert here.avx512_bf16 == ("avx512_bf16" in flags)
     assert here.amx_tile == ("amx_tile" in flags)
     native = "avx512_bf16" in flags or "amx_tile" in flags
-    expected = "bfloat16" if here.cuda or native else "float32"
+    expected = "bfloat16" if (here.cuda_bf16 if here.cuda else native) else "float32"
     assert precision.resolve_dtype("auto") == expected
     assert str(precision.torch_dtype("auto")) == f"torch.{expected}"
 

@@ -101,7 +101,15 @@ def resolve(args: argparse.Namespace):
 
 def _check_rounds_command(cfg, args, out: Path) -> None:
     """Runs with several rounds (or online training) are driven by `wim run`; a single stage
-    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`."""
+    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`, and
+    only offline: online DPO samples, judges and writes the run's files as it trains, in one
+    process (training/online.py), so under a launcher every rank would write every file."""
+    if _distributed() and cfg.training.mode == "online":
+        raise ConfigError("online DPO (training.mode: online) runs in one process, not under "
+                          "accelerate launch: it samples, judges and writes the run's files as "
+                          "it trains, and data-parallel ranks would each write them all. Run "
+                          f"`wim run CONFIG --out {out}` without the launcher (it trains on one "
+                          "GPU), or set training.mode: offline to train data-parallel on pairs.")
     if _distributed() and args.command != "train":
         raise ConfigError(f"under accelerate launch only `wim train` runs (got `wim "
                           f"{args.command}`); build the pairs first with `wim run CONFIG --out "

@@ -42,10 +42,10 @@ class PolicyConfig:
     without it. `wim train` still trains a fresh adapter on `model`."""
     dtype: str = "auto"
     """What the local model computes in (sampling, the fixed and changing judges, training):
-    `auto` (bfloat16 on CUDA and on CPUs that compute it natively, AMX or AVX512-BF16; float32
-    on other CPUs, where bfloat16 is emulated and slower), `float32` or `bfloat16`. Training in
-    bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run records what
-    `auto` resolved to; a resumed run refuses another dtype."""
+    `auto` (bfloat16 where the device computes it natively: GPUs from Ampere on, CPUs with AMX or
+    AVX512-BF16; float32 elsewhere, where bfloat16 is emulated and slower), `float32` or `bfloat16`.
+    Training in bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run
+    records what `auto` resolved to; a resumed run refuses another dtype."""
 
 
 @dataclass
