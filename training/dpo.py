@@ -107,8 +107,9 @@ def train_dpo_model(
         keep_lora_float32(trainer.model)
         lora = {n: p for n, p in trainer.model.named_parameters()
                 if "lora_" in n and p.requires_grad and ".ref." not in n}
+        start_weights = gathered(lora)  # every rank, outside main_process_first: collective
         with state.main_process_first():
-            initial = _initial_lora(lora, out_dir / "trainer" / "lora_init.pt",
+            initial = _initial_lora(start_weights, out_dir / "trainer" / "lora_init.pt",
                                     checkpoint is not None, state.is_main_process)
 
         start = time.perf_counter()
@@ -118,8 +119,9 @@ def train_dpo_model(
             trainer.train(resume_from_checkpoint=checkpoint)
         seconds = time.perf_counter() - start
 
+    final = gathered(lora)  # ZeRO-3 leaves partitioned LoRA tensors empty outside a forward
     with torch.no_grad():
-        delta = sum(float((lora[n] - initial[n].to(lora[n].device)).pow(2).sum()) for n in lora)
+        delta = sum(float((final[n] - initial[n]).pow(2).sum()) for n in final)
     trained = trainer.model
     if "ref" in getattr(trained, "peft_config", {}):
         trained.delete_adapter("ref")  # TRL's frozen reference copy of a continued adapter
@@ -131,10 +133,9 @@ def train_dpo_model(
     metrics["train/attention"] = attention
     metrics["train/resumed_from_step"] = _step_of(checkpoint)
     metrics.update(peak_memory("train"))
-    _write_rank(out_dir, state, trainer.state.global_step, lora)
+    _write_rank(out_dir, state, trainer.state.global_step, final)
     if state.is_main_process:
-        trained.save_pretrained(out_dir / "adapter")
-        tokenizer.save_pretrained(out_dir / "adapter")
+        save_adapter(trained, tokenizer, out_dir / "adapter", final)
         (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
@@ -281,17 +282,41 @@ def _resumable_checkpoint(trainer_dir: Path, resume_key: str | None, main: bool 
     return None
 
 
-def _initial_lora(lora: dict, path: Path, resuming: bool, main: bool = True) -> dict:
-    """The LoRA weights before any step, kept on disk so that a resumed training measures its
-    weight change from the same start."""
+def _initial_lora(start: dict, path: Path, resuming: bool, main: bool = True) -> dict:
+    """The LoRA weights before any step (`start`: gathered copies on the CPU), kept on disk so
+    that a resumed training measures its weight change from the same start."""
     import torch
 
     if resuming and path.is_file():
-        return torch.load(path, map_location="cpu")  # each rank moves it to its own device
-    initial = {n: p.detach().clone() for n, p in lora.items()}
+        return torch.load(path, map_location="cpu")  # not onto the GPU of the rank that saved
     if main:
-        torch.save(initial, path)
-    return initial
+        torch.save(start, path)
+    return start
+
+
+def gathered(params: dict) -> dict:
+    """Whole copies on the CPU of the named parameters. Under DeepSpeed ZeRO-3 a parameter
+    larger than the persistence threshold is partitioned and its tensor is empty outside a
+    forward; gathering is collective, so every rank calls this. Elsewhere: plain copies."""
+    import contextlib
+
+    import torch
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    gather = contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None)
+    with gather, torch.no_grad():
+        return {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+
+
+def save_adapter(model, tokenizer, folder: Path, weights: dict) -> None:
+    """The trained adapter from `weights` (gathered, see `gathered`), not from the parameters,
+    which ZeRO-3 leaves empty: peft would write zero-size tensors."""
+    model.save_pretrained(folder, state_dict=weights)
+    tokenizer.save_pretrained(folder)
 
 
 def _step_of(checkpoint: str | None) -> int:

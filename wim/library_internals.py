@@ -43,6 +43,7 @@ INTERNALS: tuple[Internal, ...] = (
              ("module", "query", "key", "value", "attention_mask"),
              "wim/backends/decode_attention.py"),
     Internal("transformers.trainer_utils:get_last_checkpoint", ("folder",), "training/dpo.py"),
+    Internal("transformers.integrations:is_deepspeed_zero3_enabled", (), "training/dpo.py"),
     # TRL
     Internal("trl:DPOTrainer._precompute_ref_logps", ("self", "dataset", "name", "batch_size"),
              "training/dpo_trainer.py (overridden: puts the compact head on first)"),

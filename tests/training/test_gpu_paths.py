@@ -185,3 +185,34 @@ def test_online_dpo_under_a_launcher_says_to_run_it_in_one_process(tmp_path: Pat
     assert "runs in one process, not under accelerate launch" in err
     assert "build the pairs first" not in err and not (tmp_path / "run").exists()
 
+
+
+def test_the_adapter_is_saved_from_gathered_weights_not_emptied_parameters(tmp_path: Path
+                                                                          ) -> None:
+    """ZeRO-3 leaves a partitioned LoRA tensor empty outside a forward. The adapter is written
+    from the gathered copies (`gathered`, taken while the weights were whole), so peft writes
+    the real tensors; saved from the parameters it writes zero-size ones (its warning is made
+    an error here), and the next `wim eval` or round cannot load them."""
+    import warnings
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    from training.dpo import gathered, save_adapter
+    from wim.models import BUNDLED_POLICY, resolve_causal_lm
+
+    model = get_peft_model(_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                     init_lora_weights=False))
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    weights = gathered(lora)
+    for param in lora.values():
+        param.data = torch.empty(0)  # as ZeRO-3 leaves a partitioned parameter
+    tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm(BUNDLED_POLICY))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_adapter(model, tokenizer, tmp_path / "adapter", weights)
+    loaded = PeftModel.from_pretrained(_tiny_llama(), tmp_path / "adapter")
+    reloaded = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert reloaded.keys() == weights.keys()
+    for name, tensor in weights.items():
+        assert torch.equal(reloaded[name], tensor), name
