@@ -116,15 +116,17 @@ class Resources:
         self.prompts()
         return self._held_out
 
-    def lm(self):
-        """(model, tokenizer) of the transformers policy, loaded on first use. One round keeps
-        the PEFT-integration path (`policy.adapter` via `load_adapter`); rounds use a trainable
-        peft PeftModel so the next round continues the adapter."""
+    def lm(self, dtype: str | None = None):
+        """(model, tokenizer) of the transformers policy, loaded on first use, in `dtype` (by
+        default policy.dtype). One round keeps the PEFT-integration path (`policy.adapter` via
+        `load_adapter`); rounds use a trainable peft PeftModel so the next round continues the
+        adapter."""
         if self._lm is None:
             c = self.cfg
             self._lm = load_causal_lm(c.policy.model, adapter=c.policy.adapter,
                                       load_in_4bit=c.training.load_in_4bit,
-                                      peft_adapter=c.training.rounds > 1, dtype=c.policy.dtype)
+                                      peft_adapter=c.training.rounds > 1,
+                                      dtype=dtype or c.policy.dtype)
             self._adapter = c.policy.adapter
         return self._lm
 
@@ -150,18 +152,19 @@ class Resources:
         self._lm, self._adapter = lm, adapter
         self._policy, self._judge = None, None
 
-    def trainable_lm(self):
+    def trainable_lm(self, dtype: str | None = None):
         """The shared model for training, or None when training must load its own: an adapter
         attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
-        PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base."""
+        PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base.
+        `dtype`: the one to load it in when nothing loaded it yet (`wim train`)."""
         served = self.cfg.policy.backend == "http" and self.cfg.http.adapter_serving == "vllm"
         if self.cfg.policy.backend != "transformers" and not served:
             return None
         if served:  # trained here, served there: a local copy of the policy that rounds keep
-            return self.lm()
+            return self.lm(dtype)
         if self.cfg.policy.adapter and self.cfg.training.rounds == 1:
             return None
-        return self.lm()
+        return self.lm(dtype)
 
     def policy(self) -> Backend:
         if self._policy is None:

@@ -193,6 +193,8 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
                ) -> dict[str, Any]:
     """Train online on the run's prompts; writes train/ (adapter, log_history.json,
     online_steps.jsonl, online_judgements.jsonl, metrics.json) and report.json."""
+    from dataclasses import replace
+
     import datasets
 
     from data_gen.pipeline import Resources
@@ -200,6 +202,8 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     from training.online_trainer import WimOnlineDPOTrainer
     from wim.embedders import open_embedder
 
+    # Decided where training runs, as offline (RunDir.training_dtype).
+    cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
     res = resources or Resources(cfg)
     out = run.file("train")
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +211,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     judgements.unlink(missing_ok=True)  # online training restarts from step 0
     prompts = res.prompts()
     dataset = datasets.Dataset.from_list([{"prompt": list(p.messages)} for p in prompts])
-    model, tokenizer = res.lm()
+    model, tokenizer = res.lm(cfg.policy.dtype)
     embedder = open_embedder(cfg)  # scoring.backend, scoring.dtype, as the score stage
     reward = WimReward(cfg, tokenizer, embedder, judgements)
     _reset_peak_memory()

@@ -33,10 +33,15 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
               ) -> dict[str, Any]:
     """DPO on the run's pairs, on the shared model when `resources` holds one (trained in
     place: the next round samples and judges with the new adapter)."""
+    from dataclasses import replace
+
     from training.dpo import process_state, train_dpo_model
 
     start = time.perf_counter()
-    lm = resources.trainable_lm() if resources is not None else None
+    # The dtype is decided here, where training runs (a directory made on a CPU trains in
+    # bfloat16 on a GPU); a policy already in memory in the run's dtype trains under autocast.
+    cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
+    lm = resources.trainable_lm(cfg.policy.dtype) if resources is not None else None
     metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
                                      resume_key=resume_key, lm=lm)
     if lm is not None:

@@ -36,7 +36,7 @@ import yaml
 
 from wim.config import Config, ConfigError, config_from_dict, judge_http
 from wim.errors import WimError
-from wim.precision import machine, pin_dtypes, uses_auto
+from wim.precision import machine, pin_dtypes, resolve_dtype, uses_auto
 from wim.records import read_keyed, storage_error
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
@@ -160,6 +160,17 @@ class RunDir:
             return None
         return yaml.safe_load(self.config_file.read_text())
 
+    def training_dtype(self, cfg: Config) -> str:
+        """The dtype training computes in, decided where training runs: the policy's dtype as
+        the run asked for it, with `auto` resolved on this machine. A directory made on a CPU
+        without native bfloat16 trains in bfloat16 on a GPU that computes it natively; an
+        explicit dtype is kept. (Sampling and judging keep the run's pinned dtype.)"""
+        requested = cfg.policy.dtype
+        if requested != "auto":
+            requested = ((self.read_meta() or {}).get("dtype_requested") or {}).get(
+                "policy", requested)
+        return resolve_dtype(requested)
+
     def load_config(self) -> Config:
         meta = self.read_meta()
         if meta is None:
@@ -227,6 +238,10 @@ class RunDir:
             # with the dtypes already pinned).
             "dtype_picked_for": (machine().describe() if uses_auto(cfg)
                                  else old.get("dtype_picked_for")),
+            # The policy's dtype as the run asked for it: training resolves `auto` where it
+            # runs (training_dtype). A config read back from this file is pinned: keep the old.
+            "dtype_requested": ({"policy": cfg.policy.dtype} if cfg.policy.dtype == "auto"
+                                else old.get("dtype_requested", {"policy": cfg.policy.dtype})),
             "versions": package_versions(),
             "git_sha": git_sha(),
         }

@@ -147,3 +147,47 @@ def test_a_run_saved_before_dtypes_existed_was_float32_on_a_cpu(tmp_path, monkey
     with pytest.raises(RunDirError, match="policy.dtype float32 -> bfloat16"):
         run.claim(load_config(QUICKSTART))
     run.claim(load_config(QUICKSTART, ["policy.dtype=float32"]))
+
+
+def test_training_resolves_auto_where_it_runs_and_keeps_an_explicit_dtype(tmp_path,
+                                                                         monkeypatch) -> None:
+    """A directory made where `auto` meant float32 (pinned so for its samples and judgements)
+    trains in bfloat16 where training runs on a device that computes it natively; one made
+    with an explicit float32 keeps float32 there."""
+    _on(monkeypatch, AVX2)
+    made = {"auto": RunDir(tmp_path / "auto"), "float32": RunDir(tmp_path / "explicit")}
+    made["auto"].claim(load_config(QUICKSTART))
+    made["float32"].claim(load_config(QUICKSTART, ["policy.dtype=float32"]))
+    for run in made.values():
+        assert run.load_config().policy.dtype == "float32"  # pinned for the data stages
+        assert run.training_dtype(run.load_config()) == "float32"
+    _on(monkeypatch, GPU_OLD_CPU)  # a GPU that computes bfloat16 natively
+    assert made["auto"].training_dtype(made["auto"].load_config()) == "bfloat16"
+    assert made["float32"].training_dtype(made["float32"].load_config()) == "float32"
+    # Saving the config again (a resumed stage reads it back pinned) keeps what was asked.
+    made["auto"].save_config(made["auto"].load_config())
+    assert made["auto"].training_dtype(made["auto"].load_config()) == "bfloat16"
+
+
+@pytest.mark.slow
+def test_wim_train_on_a_bfloat16_machine_trains_a_cpu_made_directory_in_bfloat16(
+        tmp_path, monkeypatch) -> None:
+    """The README's "At scale" workflow, in process: the run directory was made where `auto`
+    meant float32, and `wim train DIR` runs where it means bfloat16 (here a CPU with native
+    bfloat16 stands in for the GPU box; the rule is the same)."""
+    import json
+
+    from conftest import GOOD_VS_GARBAGE, write_pair_rows
+
+    _on(monkeypatch, AVX2)
+    run = RunDir(tmp_path / "run")
+    run.claim(load_config(QUICKSTART))
+    write_pair_rows(run.pairs, GOOD_VS_GARBAGE[:4])
+    _on(monkeypatch, ZEN4)
+    assert main(["train", str(run.path), "--no-progress", "--set", "dpo.max_steps=1",
+                 "--set", "dpo.per_device_train_batch_size=2", "--set", "dpo.max_length=64",
+                 "--set", "dpo.save_steps=0"]) == 0
+    stats = json.loads((run.path / "stats/train.json").read_text())
+    assert stats["train/compute_dtype"] == "bfloat16"
+    assert stats["train/base_dtype"] == "bfloat16" and stats["train/lora_dtype"] == "float32"
+    assert run.load_config().policy.dtype == "float32"  # the data stages' dtype is unchanged
