@@ -34,10 +34,24 @@ REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished
                        "reference_run", "trained_adapter", "vllm_server"}
 
 
+# Session fixtures that start a server or make a run: under `pytest -n 2 --dist loadgroup`
+# (make test) the tests using one go to the same worker, so each is made once per test run.
+# The vLLM pooling server of test_score_vllm.py joins the vLLM group: one vLLM at a time.
+SHARED_FIXTURE_GROUPS = {"vllm_server": "vllm", "server_url": "llama_server",
+                         "finished_run": "finished_run", "trained_adapter": "trained_adapter"}
+FILE_GROUPS = {"test_score_vllm.py": "vllm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
-        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if REAL_MODEL_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        groups = {g for f, g in SHARED_FIXTURE_GROUPS.items() if f in fixtures}
+        groups |= {FILE_GROUPS[item.path.name]} if item.path.name in FILE_GROUPS else set()
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -60,6 +74,20 @@ def run_wim(args: list[str], check: bool = True, **kwargs) -> subprocess.Complet
 @pytest.fixture(scope="session")
 def quickstart() -> Path:
     return QUICKSTART
+
+
+def finished_run_command(out: Path) -> list[str]:
+    """`wim run` of the shrunk quickstart, every stage, into `out`."""
+    return ["run", str(QUICKSTART), "--out", str(out), "--no-progress", *sets(SHRUNK)]
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """One finished shrunk quickstart run for the whole test run (every stage, through the real
+    CLI in a subprocess). Read it in place; a test that writes copies it first."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run_wim(finished_run_command(out))
+    return out
 
 
 def tools_launcher():

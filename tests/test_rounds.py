@@ -14,9 +14,12 @@ from wim.cli import main
 # A learning rate that makes 3 DPO steps move a 135M model's greedy text; every failed
 # judgement is still scored (authors' fallback) and ties go to the first sample, so each
 # round has pairs to train on.
+# float32: round 2's recorded judgements are compared token for token with the round-1 adapter
+# judging again after a fresh load; in bfloat16 (auto on a CPU with AVX512-BF16) the adapter
+# trained in memory and the same adapter loaded from disk part on a space now and then.
 ROUNDS = [*SHRUNK, "training.rounds=2", "dpo.learning_rate=1e-2", "dpo.max_steps=3",
           "judge.max_retries=0", "judge.on_parse_failure=authors", "pairs.tie_policy=first",
-          "dpo.save_steps=0"]
+          "dpo.save_steps=0", "policy.dtype=float32"]
 
 
 def _judge_items(run: Path, n: int = 6) -> list[tuple[str, str]]:

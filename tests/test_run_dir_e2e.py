@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets
+from conftest import QUICKSTART, ROOT, SHRUNK, finished_run_command, run_wim, sets
 
 from wim.cli import main
 from wim.records import read_keyed
@@ -54,12 +54,10 @@ def test_two_identical_runs_at_once_one_runs_the_other_fails_at_once(tmp_path: P
         assert len(records) == 4, name
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> tuple[Path, list[str]]:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    cmd = ["run", str(QUICKSTART), "--out", str(out), "--no-progress", *sets(SHRUNK)]
-    run_wim(cmd)
-    return out, cmd
+@pytest.fixture
+def finished(finished_run: Path) -> tuple[Path, list[str]]:
+    """The session's finished run (tests/conftest.py) and the command that made it."""
+    return finished_run, finished_run_command(finished_run)
 
 
 def _sha(path: Path) -> str:

@@ -282,6 +282,21 @@ def mean_test(values: list[float], null: float = 0.5) -> dict:
     return {**out, "p": float(res.pvalue), "ci95": [float(ci.low), float(ci.high)]}
 
 
+def _t_test_power(size: float, n: int, level: float) -> float:
+    """The two-sided one-sample t-test's power at standardized effect `size` with n samples.
+    scipy's noncentral t (under statsmodels) returns NaN far in its tail, where the effect is
+    many times the spread (a tiny sd); there the normal approximation of the noncentral t
+    around its noncentrality, against the exact t critical value, stands in."""
+    from scipy import stats
+    from statsmodels.stats.power import TTestPower
+
+    power = float(TTestPower().power(size, n, level, alternative="two-sided"))
+    if math.isnan(power):
+        critical, shift = float(stats.t.ppf(1 - level / 2, n - 1)), size * math.sqrt(n)
+        power = float(stats.norm.cdf(shift - critical) + stats.norm.cdf(-shift - critical))
+    return power
+
+
 def weighted_power(n: int, sd: float | None, m: int, effect: float = 0.1,
                    alpha: float = ALPHA) -> dict:
     """What the t-test of the mean preference could detect: at Holm's strictest level
@@ -294,8 +309,11 @@ def weighted_power(n: int, sd: float | None, m: int, effect: float = 0.1,
                 "weighted_power_statement": "No power statement for the weighted test: too "
                 "few prompts or no spread in the preferences."}
     level, size = alpha / max(m, 1), effect / sd
-    power = float(TTestPower().power(size, n, level, alternative="two-sided"))
-    needed = math.ceil(TTestPower().solve_power(size, None, level, 0.8, "two-sided"))
+    power = _t_test_power(size, n, level)
+    needed = float(TTestPower().solve_power(size, None, level, 0.8, "two-sided"))
+    if not math.isfinite(needed):  # the solver fails where the power function does (below)
+        needed = next(k for k in range(2, 1_000_000) if _t_test_power(size, k, level) >= 0.8)
+    needed = math.ceil(needed)
     return {"weighted_power": power, "weighted_prompts_80": needed,
             "weighted_power_statement": (
                 f"Power of the weighted test: with {n} prompts, the observed spread of the "

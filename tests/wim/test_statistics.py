@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.stats import binomtest
@@ -223,3 +225,23 @@ def test_mean_test_interval_agrees_with_its_p_value():
     assert mean_test([0.5] * 6)["p"] == 1.0
     assert mean_test([0.8] * 6)["p"] == pytest.approx(2 / 2 ** 6)
     assert mean_test([0.8] * 6)["ci95"] is None
+
+
+def test_weighted_power_when_the_spread_is_tiny_against_the_effect() -> None:
+    """vLLM's verdicts on 4 prompts had sd 0.0186: the effect 0.1 is 5.4 sd, where scipy's
+    noncentral t returns NaN and statsmodels' solver gave up (NaN prompts crashed the report).
+    Now a power in [0, 1] and a whole number of prompts; an ordinary spread is unchanged."""
+    from statsmodels.stats.power import TTestPower
+
+    from wim.statistics import weighted_power
+
+    tiny = weighted_power(4, 0.018596076330353026, 1)
+    assert 0.0 <= tiny["weighted_power"] <= 1.0
+    assert isinstance(tiny["weighted_prompts_80"], int) and 2 <= tiny["weighted_prompts_80"] <= 6
+    assert "nan" not in tiny["weighted_power_statement"]
+    usual = weighted_power(30, 0.3, 2)
+    size = 0.1 / 0.3
+    assert usual["weighted_power"] == float(TTestPower().power(size, 30, 0.025,
+                                                                alternative="two-sided"))
+    assert usual["weighted_prompts_80"] == math.ceil(TTestPower().solve_power(size, None, 0.025,
+                                                                             0.8, "two-sided"))
