@@ -74,9 +74,11 @@ install-dev:
 quickstart: install
 	$(VENV)/bin/wim run configs/quickstart.yaml --out $(OUT)
 
-# -n 1: the tests run in one pytest-xdist worker process. A crash in native code (llama.cpp,
-# torch) then fails the one test that was running; xdist starts a new worker for the rest.
-PYTEST_ISOLATE ?= -n 1
+# -n 2: the tests run in two pytest-xdist worker processes, one thread each (tests/conftest.py).
+# A crash in native code (llama.cpp, torch) then fails the one test that was running; xdist
+# starts a new worker for the rest. --dist loadgroup: the tests of one shared server or run go
+# to one worker (tests/conftest.py: SHARED_FIXTURE_GROUPS), so each is started or made once.
+PYTEST_ISOLATE ?= -n 2 --dist loadgroup
 # Every test's cost: the 40 slowest are printed, and every test's time goes to a JUnit file that
 # tools/test_cost.py sums by file and holds against the suite's budget.
 TEST_COST ?= --durations=40 --durations-min=5 --junitxml=test-results.xml

