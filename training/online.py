@@ -168,7 +168,7 @@ def online_args(cfg: Config, output_dir: Path, progress: bool):
     import torch
     from trl.experimental.online_dpo import OnlineDPOConfig
 
-    from training.dpo import one_gpu_per_process
+    from training.placement import one_gpu_per_process
     from wim.models import device_and_dtype
 
     d, t = cfg.dpo, cfg.training
@@ -198,8 +198,9 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     import datasets
 
     from data_gen.pipeline import Resources
-    from training.dpo import _reset_peak_memory, keep_lora_float32, lora_config, peak_memory
+    from training.dpo import _reset_peak_memory, lora_config, peak_memory
     from training.online_trainer import WimOnlineDPOTrainer
+    from training.placement import keep_lora_float32
     from wim.embedders import open_embedder
 
     # Decided where training runs, as offline (RunDir.training_dtype).

@@ -35,7 +35,8 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
     place: the next round samples and judges with the new adapter)."""
     from dataclasses import replace
 
-    from training.dpo import process_state, train_dpo_model
+    from training.dpo import train_dpo_model
+    from training.placement import process_state
 
     start = time.perf_counter()
     # The dtype is decided here, where training runs (a directory made on a CPU trains in

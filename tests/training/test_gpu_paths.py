@@ -99,7 +99,7 @@ def test_lora_on_a_quantized_base_goes_back_to_float32() -> None:
     not quantized it changes nothing."""
     from peft import LoraConfig, get_peft_model
 
-    from training.dpo import keep_lora_float32
+    from training.placement import keep_lora_float32
 
     for quantized in (True, False):
         base = _tiny_llama(torch.bfloat16)
@@ -198,7 +198,7 @@ def test_the_adapter_is_saved_from_gathered_weights_not_emptied_parameters(tmp_p
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoTokenizer
 
-    from training.dpo import gathered, save_adapter
+    from training.placement import gathered, save_adapter
     from wim.models import BUNDLED_POLICY, resolve_causal_lm
 
     model = get_peft_model(_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],

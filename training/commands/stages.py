@@ -135,7 +135,7 @@ def _train_distributed(cfg, out: Path, args) -> int:
     import contextlib
 
     from data_gen.fingerprints import input_fingerprint, record_finished
-    from training.dpo import process_state
+    from training.placement import process_state
     from training.run import train_run
     from wim.rundir import RunDir
 

@@ -18,7 +18,7 @@ SMALL = ["prompts.limit=2", "refine.max_attempts=2", "generation.max_new_tokens=
 def test_refine_writes_auditable_trajectories_and_a_policy_table(tmp_path):
     out = tmp_path / "run"
     proc = run_wim(["refine", "configs/refine.yaml", "--out", str(out), "--no-progress",
-                    *sets(SMALL)], timeout=1800)
+                    *sets(SMALL)])
     assert "refine_quality_vs_tokens.png" in proc.stdout
     rows = [json.loads(line) for line in (out / "refine" / "trajectories.jsonl").open()]
     assert len(rows) == 2 * 3  # attempts 0, 1, 2 for each prompt
