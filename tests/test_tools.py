@@ -84,3 +84,19 @@ def test_test_cost_sums_a_real_junit_file_and_holds_the_budget(tmp_path: Path) -
     assert "tests: 2 " in ok.stdout
     over = subprocess.run([*tool, "--budget-s", "0.3"], capture_output=True, text=True)
     assert over.returncode == 1 and "over its budget of 0.3 s" in over.stderr, over.stderr
+
+
+def test_xdist_groups_send_a_group_to_one_worker(tmp_path: Path) -> None:
+    """make test relies on `--dist loadgroup` (one vLLM server, one shared run): the tests of
+    a group run in one worker. pytest 9.2 with pytest-xdist 3.8 silently stopped grouping."""
+    (tmp_path / "test_groups.py").write_text(
+        "import os\nimport pytest\n\n" + "".join(
+            f"@pytest.mark.xdist_group('g')\ndef test_g{i}():\n"
+            f"    open('{tmp_path}/g{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n\n"
+            for i in range(4)) + "def test_other():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-n", "2", "--dist", "loadgroup", str(tmp_path / "test_groups.py")],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    workers = {(tmp_path / f"g{i}").read_text() for i in range(4)}
+    assert len(workers) == 1, workers
