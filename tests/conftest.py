@@ -62,10 +62,12 @@ def pytest_collection_modifyitems(items) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         if REAL_MODEL_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
-        groups = {g for f, g in SHARED_FIXTURE_GROUPS.items() if f in fixtures}
-        groups |= {FILE_GROUPS[item.path.name]} if item.path.name in FILE_GROUPS else set()
+        # One group per test (xdist joins several marks into a new group name): the first in
+        # SHARED_FIXTURE_GROUPS' order, vLLM first, so no test starts a second vLLM server.
+        groups = [g for f, g in SHARED_FIXTURE_GROUPS.items() if f in fixtures]
+        groups = [FILE_GROUPS[item.path.name]] if item.path.name in FILE_GROUPS else groups
         if groups:
-            item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
 
 
 def sets(overrides: list[str]) -> list[str]:
