@@ -9,6 +9,8 @@ the expected gradient in one process from the same pairs.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
 import sys
 import zlib
 
@@ -52,7 +54,9 @@ def main(out: str) -> None:
 
     from training.online_trainer import KeptPairMean
 
-    dist.init_process_group("gloo")
+    # A stuck connection or collective raises here within a minute instead of running into the
+    # test's timeout with nothing said.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     saved = {}
     for case, masks in CASES.items():
@@ -70,7 +74,14 @@ def main(out: str) -> None:
                        "grads": [None if p.grad is None else p.grad.clone()
                                  for p in model.module.parameters()]}
     torch.save(saved, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    dist.barrier()
+    # Leave without tearing the process group down. In torch 2.13, freeing the last DDP model
+    # destroys gloo's process group with the GIL held and joins its worker thread, which may still
+    # need the GIL to free its last work: a deadlock at exit, about one run in ten here (py-spy:
+    # ~ProcessGroupGloo -> std::thread::join against gil_scoped_acquire in runLoop).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT
 
 from training.online import choose_pair
 
@@ -72,9 +72,9 @@ def test_two_ranks_one_dropping_everything_train_on_the_other_ranks_mean(tmp_pat
     import torch
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), str(Path(__file__).parent / "ddp_kept_mean.py"),
-           str(tmp_path)]
+    # --standalone: the rendezvous store binds a port of its own, none another test can take.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).parent / "ddp_kept_mean.py"), str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
