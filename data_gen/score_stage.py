@@ -28,7 +28,15 @@ from data_gen.stages import _write_stats
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, iter_records, record_key
 from wim.rundir import RunDir, RunDirError
-from wim.scoring import check_judgement, check_numeric, has_critique, score_record
+from wim.scoring import (
+    check_judgement,
+    check_numeric,
+    cosines,
+    distinct_texts,
+    has_critique,
+    score_record,
+    similarities,
+)
 
 _PROGRESS = "stats/score_progress.json"  # the settings of a pass under way (for resume)
 
@@ -108,37 +116,32 @@ def store_similarities(cfg: Config, run: RunDir, embedder=None) -> dict[str, int
 
 def _similarities(batch: list[dict], identity: str, policy: str, zeta: float,
                   store: SimilarityStore, lazy: _LazyEmbedder, counts: dict[str, int]
-                  ) -> dict[int, float]:
-    """{position in batch: similarity} of the batch's judgements that have a critique, from
-    the store, the missing ones computed and stored first (not at zeta 0)."""
-    from wim.parsing import is_nothing_missing
-
+                  ) -> dict[int, float | None]:
+    """{position in batch: similarity} of the batch's judgements that have a critique, through
+    wim.scoring.similarities: stored cosines reused, the missing ones computed and stored first
+    (not at zeta 0, where they stay None)."""
     for j in batch:
         check_numeric(j, zeta)
-    sims: dict[int, float] = {}
-    keys: dict[int, bytes] = {}
-    for i, j in enumerate(batch):
-        if not has_critique(j, policy):
-            continue
-        if is_nothing_missing(j["critique"]):
-            sims[i] = 1.0
-        else:
-            keys[i] = pair_key(identity, j["response"], j["critique"].strip())
-    stored = store.similarities(keys.values())
-    counts["stored"] += sum(k in stored for k in keys.values())
-    missing = {i: k for i, k in keys.items() if k not in stored}
-    if missing and zeta > 0:
-        stored.update(_compute(batch, missing, identity, store, lazy, counts))
-    sims.update({i: stored[k] for i, k in keys.items() if k in stored})
-    return sims
+    wim = [i for i, j in enumerate(batch) if has_critique(j, policy)]
+
+    def cosines_of(pairs: list[tuple[str, str]]) -> list[float | None]:
+        keys = [pair_key(identity, r, c) for r, c in pairs]
+        stored = store.similarities(keys)
+        counts["stored"] += sum(k in stored for k in keys)
+        missing = {k: pair for k, pair in zip(keys, pairs, strict=True) if k not in stored}
+        if missing and zeta > 0:
+            stored.update(_compute(missing, identity, store, lazy, counts))
+        return [stored.get(k) for k in keys]
+
+    values = similarities([batch[i]["response"] for i in wim], [batch[i]["critique"] for i in wim],
+                          cosines_of)
+    return dict(zip(wim, values, strict=True))
 
 
-def _compute(batch: list[dict], missing: dict[int, bytes], identity: str,
-             store: SimilarityStore, lazy: _LazyEmbedder, counts: dict[str, int]
-             ) -> dict[bytes, float]:
-    """The similarities of `missing` pairs; each text embedded once (stored vectors reused)."""
-    pairs = {k: (batch[i]["response"], batch[i]["critique"].strip()) for i, k in missing.items()}
-    texts = {text_key(identity, t): t for pair in pairs.values() for t in pair}
+def _compute(missing: dict[bytes, tuple[str, str]], identity: str, store: SimilarityStore,
+             lazy: _LazyEmbedder, counts: dict[str, int]) -> dict[bytes, float]:
+    """The cosines of the `missing` pairs; each text embedded once (stored vectors reused)."""
+    texts = {text_key(identity, t): t for t in distinct_texts(list(missing.values()))}
     vectors = store.vectors(texts)
     new = {k: t for k, t in texts.items() if k not in vectors}
     fresh: dict[bytes, np.ndarray] = {}
@@ -150,11 +153,9 @@ def _compute(batch: list[dict], missing: dict[int, bytes], identity: str,
         fresh = dict(zip(new, embedded, strict=True))
         vectors.update(fresh)
         counts["embedded_texts"] += len(new)
-    resp = np.stack([vectors[text_key(identity, r)] for r, _ in pairs.values()])
-    crit = np.stack([vectors[text_key(identity, c)] for _, c in pairs.values()])
-    # Embeddings are unit length, so the dot product is the cosine.
-    cos = np.clip(np.sum(resp * crit, axis=1), -1.0, 1.0)
-    values = {k: float(v) for k, v in zip(pairs, cos, strict=True)}
+    resp = np.stack([vectors[text_key(identity, r)] for r, _ in missing.values()])
+    crit = np.stack([vectors[text_key(identity, c)] for _, c in missing.values()])
+    values = {k: float(v) for k, v in zip(missing, cosines(resp, crit), strict=True)}
     store.add(values, fresh)
     counts["computed"] += len(values)
     return values

@@ -90,8 +90,6 @@ def load_gold(source: str | None = None, limit: int | None = None) -> list[GoldP
 def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> list[dict]:
     """Judgement records (sample_idx 0 = chosen, 1 = rejected), scored at every zeta."""
     from data_gen.pipeline import Resources
-    from wim.embedders import open_embedder
-    from wim.scoring import score_judgements
 
     res = Resources(cfg)
     try:
@@ -112,11 +110,21 @@ def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> lis
                                 j.backend_failed, "raw_judge_text": j.raw})
     finally:
         res.close()
+    return score_gold(cfg, records)
+
+
+def score_gold(cfg: Config, records: list[dict]) -> list[dict]:
+    """The gold judgements scored as the score stage scores a run: the same embedder
+    (scoring.backend, scoring.dtype), the same batches, the same similarity function."""
+    from wim.embedders import open_embedder
+    from wim.scoring import score_judgements
+
     if cfg.judge.mode != "wim":
         return score_judgements(records, None, 0.0, cfg.judge.on_parse_failure)
-    embedder = open_embedder(cfg)  # scoring.backend, scoring.dtype, as the score stage
+    embedder = open_embedder(cfg)
     try:
-        return score_judgements(records, embedder, cfg.scoring.zeta, cfg.judge.on_parse_failure)
+        return score_judgements(records, embedder, cfg.scoring.zeta, cfg.judge.on_parse_failure,
+                                cfg.scoring.batch_size)
     finally:
         embedder.close()
 

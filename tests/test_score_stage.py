@@ -62,6 +62,26 @@ def test_rescore_at_another_zeta_reuses_every_similarity_bit_for_bit(tmp_path: P
             assert r["score"] == (1 - zeta) * r["rating_norm"] + zeta * r["similarity"]
 
 
+def test_validity_scores_a_judgement_set_exactly_as_the_score_stage(tmp_path: Path) -> None:
+    """One similarity function: the same judgements (nothing-missing critiques among them: "None"
+    and "") through `wim score` and through `wim validity`'s scoring give identical values."""
+    from data_gen.validity import score_gold
+
+    judgements = _judgements(30)
+    judgements[3]["critique"] = ""
+    judgements[7]["critique"] = "Nothing is missing."
+    out = _run_with(tmp_path, judgements)
+    settings = ["scoring.zeta=0.4", "scoring.batch_size=8"]
+    run_wim(["score", str(out), *sets(settings)])
+    stage = read_records(out / "scores.jsonl")
+    gold = score_gold(load_config(QUICKSTART, settings), judgements)
+    assert [r["similarity"] for r in gold] == [r["similarity"] for r in stage]
+    assert [r["score"] for r in gold] == [r["score"] for r in stage]
+    nothing_missing = [r["similarity"] for r in stage if r["critique"] in ("", "None")]
+    assert len(nothing_missing) >= 5 and set(nothing_missing) == {1.0}
+    assert len({r["similarity"] for r in stage}) > 4  # real cosines beside them
+
+
 def test_zeta_zero_loads_no_embedder(tmp_path: Path) -> None:
     out = _run_with(tmp_path, _judgements(8))
     run_wim(["score", str(out), *sets(["scoring.zeta=0.0",

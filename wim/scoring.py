@@ -10,6 +10,7 @@ with `x * 5 + 5`, so numeric and WIM deltas compare directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,31 +49,58 @@ def ten_point_gap(a: float, b: float) -> float:
     return to_ten_point(a) - to_ten_point(b)
 
 
-def similarities(responses: list[str], critiques: list[str], embedder: Embedder | None
-                 ) -> list[float]:
-    """cos(E(response), E(critique)); a critique that says nothing is missing gives 1.0.
+def cosines(responses: np.ndarray, critiques: np.ndarray) -> np.ndarray:
+    """Row by row cos(E(response), E(critique)). The embedders return unit vectors, so the dot
+    product is the cosine; the clip keeps rounding inside [-1, 1]."""
+    return np.clip(np.sum(responses * critiques, axis=1), -1.0, 1.0)
+
+
+CosinesOf = Callable[[list[tuple[str, str]]], list[float | None]]
+
+
+def similarities(responses: list[str], critiques: list[str], cosines_of: CosinesOf
+                 ) -> list[float | None]:
+    """The similarity of each judgement: 1.0 when its critique says nothing is missing, else
+    `cosines_of` [(response, critique stripped)] (None where it was not computed: the score stage
+    at zeta 0). The one place of the rule, for the score stage, validity and online DPO alike.
 
     The nothing-missing rule (wim.parsing.is_nothing_missing: "", "None", "N/A", "Nothing is
     missing.", ...) is applied here to every critique, so judgements written by another tool
     score exactly as the formula says, not only those our parser produced.
     """
-    out = [1.0] * len(responses)
+    out: list[float | None] = [1.0] * len(responses)
     todo = [i for i, c in enumerate(critiques) if not is_nothing_missing(c)]
     if todo:
+        values = cosines_of([(responses[i], critiques[i].strip()) for i in todo])
+        for i, value in zip(todo, values, strict=True):
+            out[i] = value
+    return out
+
+
+def distinct_texts(pairs: list[tuple[str, str]]) -> list[str]:
+    """Each text of the pairs once, in order (response, critique, response, ...): the one order
+    in which every path hands texts to the embedder, so their vectors are the same."""
+    return list(dict.fromkeys(t for pair in pairs for t in pair))
+
+
+def cosines_by(embedder: Embedder | None) -> CosinesOf:
+    """`cosines_of` that embeds the pairs' distinct texts in one call."""
+
+    def cosines_of(pairs: list[tuple[str, str]]) -> list[float | None]:
         if embedder is None:
             raise InputError("WIM judgements need an embedder (scoring.embedder)")
-        resp = embedder.embed([responses[i] for i in todo])
-        crit = embedder.embed([critiques[i].strip() for i in todo])
-        # Embeddings are unit length, so the dot product is the cosine.
-        cos = np.clip(np.sum(resp * crit, axis=1), -1.0, 1.0)
-        for i, value in zip(todo, cos, strict=True):
-            out[i] = float(value)
-    return out
+        texts = distinct_texts(pairs)
+        vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+        values = cosines(np.stack([vectors[r] for r, _ in pairs]),
+                         np.stack([vectors[c] for _, c in pairs]))
+        return [float(v) for v in values]
+
+    return cosines_of
 
 
 def score_judgements(
     judgements: list[dict[str, Any]], embedder: Embedder | None, zeta: float,
-    on_parse_failure: str = "exclude",
+    on_parse_failure: str = "exclude", batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """scores.jsonl records: each judgement plus rating_norm, similarity, score, zeta, embedder.
 
@@ -81,18 +109,22 @@ def score_judgements(
     rating_norm 0 (the midpoint) and a missing critique makes the score the rating alone; each
     such record carries `fallback` ("rating", "critique" or "rating+critique") so it is counted.
     In numeric mode (no critique in any judgement) only zeta = 0 is defined.
-    (The score stage, data_gen/score_stage.py, does the same batch by batch with stored
-    similarities; both build each record with `score_record`.)
+    `batch_size`: embed batch by batch of that many judgements, as the score stage does with an
+    in-process embedder (scoring.batch_size), so both give the same vectors. The score stage
+    (data_gen/score_stage.py) adds stored similarities; both go through `similarities` and build
+    each record with `score_record`.
     """
     for j in judgements:
         check_numeric(j, zeta)
-    wim = [j for j in judgements if has_critique(j, on_parse_failure)]
-    sims = {}
-    if wim:
-        if embedder is None and any(needs_embedding(j, on_parse_failure) for j in wim):
-            raise InputError("WIM judgements need an embedder (scoring.embedder)")
-        values = similarities([j["response"] for j in wim], [j["critique"] for j in wim], embedder)
-        sims = {(j["prompt_id"], j["sample_idx"]): s for j, s in zip(wim, values, strict=True)}
+    cosines_of = cosines_by(embedder)
+    size = batch_size or max(1, len(judgements))
+    sims: dict[tuple[Any, Any], float | None] = {}
+    for start in range(0, len(judgements), size):
+        wim = [j for j in judgements[start:start + size] if has_critique(j, on_parse_failure)]
+        values = similarities([j["response"] for j in wim], [j["critique"] for j in wim],
+                              cosines_of)
+        sims.update({(j["prompt_id"], j["sample_idx"]): s for j, s in zip(wim, values,
+                                                                           strict=True)})
     name = embedder.name if embedder else None
     return [score_record(j, sims.get((j["prompt_id"], j["sample_idx"])), zeta, on_parse_failure,
                          name) for j in judgements]
@@ -102,11 +134,6 @@ def has_critique(j: dict[str, Any], on_parse_failure: str) -> bool:
     """The judgement is scored with a similarity: it parsed (or failures count, `authors`) and
     carries a critique."""
     return (j["parse_ok"] or on_parse_failure == "authors") and isinstance(j.get("critique"), str)
-
-
-def needs_embedding(j: dict[str, Any], on_parse_failure: str) -> bool:
-    """`has_critique`, and the critique says something is missing (else the similarity is 1)."""
-    return has_critique(j, on_parse_failure) and not is_nothing_missing(j["critique"])
 
 
 def check_numeric(j: dict[str, Any], zeta: float) -> None:

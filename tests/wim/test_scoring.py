@@ -7,7 +7,14 @@ import pytest
 
 from wim.embedders import Embedder
 from wim.errors import InputError
-from wim.scoring import mix_scores, rating_norm, score_judgements, similarities, to_ten_point
+from wim.scoring import (
+    cosines_by,
+    mix_scores,
+    rating_norm,
+    score_judgements,
+    similarities,
+    to_ten_point,
+)
 
 PAIRS = [
     # (response, critique, rating)
@@ -110,7 +117,8 @@ def test_related_critique_is_more_similar_than_unrelated(embedder):
     response = "Paris is the capital of France."
     related = "It does not say that Paris is the largest city of France."
     unrelated = "The quadratic formula and how to complete the square."
-    related_sim, unrelated_sim = similarities([response, response], [related, unrelated], embedder)
+    related_sim, unrelated_sim = similarities([response, response], [related, unrelated],
+                                                cosines_by(embedder))
     assert related_sim > unrelated_sim
 
 
@@ -130,7 +138,8 @@ def test_empty_critique_gives_similarity_one(embedder, critique):
 
 @pytest.mark.parametrize("critique", ["", "None.", "Nothing is missing"])
 def test_nothing_missing_critique_is_not_embedded(embedder, encoded, critique):
-    assert similarities(["An answer never embedded before 123."], [critique], embedder) == [1.0]
+    assert similarities(["An answer never embedded before 123."], [critique],
+                        cosines_by(embedder)) == [1.0]
     assert encoded == []
 
 
