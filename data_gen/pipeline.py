@@ -180,7 +180,7 @@ class Resources:
                 http = served_http(c.http, c.policy.adapter)
                 self._policy = open_http_backend(http, c.policy.model)
             else:
-                self._policy = open_backend(c.policy.backend, c.policy.model, c,
+                self._policy = open_backend(c.policy.backend, c.policy.model, c.http,
                                             batch_size=c.generation.batch_size,
                                             adapter=c.policy.adapter, dtype=c.policy.dtype)
         return self._policy
@@ -204,7 +204,8 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
         backend = open_http_backend(http)
         name = http.model
     elif j.role == "external":
-        backend = open_backend(j.backend, j.model, cfg, batch_size=j.batch_size, dtype=j.dtype)
+        backend = open_backend(j.backend, j.model, cfg.http, batch_size=j.batch_size,
+                               dtype=j.dtype)
         name = j.model
     else:
         backend = policy()

@@ -310,7 +310,7 @@ def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, prog
     """Answers from every system, blind verdicts on every pair, the report (Holm over all):
     (report, answers, verdict records). `primary`: the pre-specified comparison."""
     answers = generate_answers(cfg, systems, prompts, progress)
-    evaluator = open_blind_evaluator(cfg.blind)
+    evaluator = open_blind_evaluator(cfg)
     try:
         outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
     finally:

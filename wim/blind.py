@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import re
-import types
 from functools import cache
 from importlib import resources
 
@@ -285,13 +284,16 @@ def _tokens(completion: Completion) -> int:
     return completion.prompt_tokens + completion.completion_tokens
 
 
-def open_blind_evaluator(section, batch_size: int = 8) -> BlindEvaluator:
-    """The evaluator of a `blind:` config section (`cfg.blind`, a BlindConfig)."""
+def open_blind_evaluator(cfg, batch_size: int = 8) -> BlindEvaluator:
+    """The evaluator of `cfg.blind` (`cfg` a Config; with `blind.backend: http`, its endpoint is
+    `blind.http` over `http:`)."""
     from wim.backends import open_backend
+    from wim.config import blind_http
 
-    model = section.model if section.backend != "http" else (section.http.model or section.model)
-    # open_backend reads the http settings from `cfg.http`; the evaluator has its own.
-    backend = open_backend(section.backend, model, types.SimpleNamespace(http=section.http),
+    section = cfg.blind
+    http = blind_http(cfg) if section.backend == "http" else None
+    model = http.model if http else section.model
+    backend = open_backend(section.backend, model, http,
                            batch_size=section.batch_size or batch_size, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,

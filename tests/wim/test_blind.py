@@ -16,7 +16,7 @@ from wim.blind import (
     parse_verdict,
 )
 from wim.blind_verdicts import combine_orders
-from wim.config import BlindConfig, HTTPConfig
+from wim.config import BlindConfig, Config, EndpointConfig
 
 
 @pytest.mark.parametrize("text, value", [
@@ -95,9 +95,10 @@ def recorder():
 
 
 def _evaluator(url: str, mode: str = "pairwise", retries: int = 2) -> BlindEvaluator:
-    section = BlindConfig(backend="http", mode=mode, max_retries=retries,
-                          http=HTTPConfig(base_urls=[url], model="judge-x", max_retries=0))
-    return open_blind_evaluator(section)
+    cfg = Config(blind=BlindConfig(backend="http", mode=mode, max_retries=retries,
+                                   http=EndpointConfig(base_urls=[url], model="judge-x",
+                                                       max_retries=0)))
+    return open_blind_evaluator(cfg)
 
 
 def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(recorder):

@@ -89,7 +89,7 @@ def _blind(cfg, policy):
         return BlindEvaluator(policy, max_retries=b.max_retries, max_new_tokens=b.max_new_tokens,
                               seed=b.seed, retry_temperature=b.retry_temperature,
                               model_name=b.model)
-    return open_blind_evaluator(b)
+    return open_blind_evaluator(cfg)
 
 
 def vrr_simulate_command(args: argparse.Namespace) -> int:

@@ -18,9 +18,10 @@ __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "Transform
            "open_backend", "open_http_backend", "sample_seed"]
 
 
-def open_backend(kind: str, model: str, cfg, batch_size: int = 8,
+def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
                  adapter: str | None = None, dtype: str = "auto") -> Backend:
-    """Build a backend from config: `transformers`, `llama_cpp` or `http` (`cfg` is a Config).
+    """Build a backend: `transformers`, `llama_cpp` or `http` (`http`: the resolved endpoint, an
+    HTTPConfig: `cfg.http` for the policy, `wim.config.judge_http(cfg)` for a judge, ...).
 
     `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that).
     `dtype`: what a transformers model computes in (wim/precision.py); the others ignore it."""
@@ -32,7 +33,7 @@ def open_backend(kind: str, model: str, cfg, batch_size: int = 8,
 
         return LlamaCppBackend.load(model)
     if kind == "http":
-        return open_http_backend(cfg.http, model)
+        return open_http_backend(http, model)
     raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from wim.config.checks import validate
 from wim.config.dpo import DPOSection, LoraConfig, TrainingConfig, WandbConfig
-from wim.config.endpoints import HTTPConfig, JudgeHTTPConfig
+from wim.config.endpoints import EndpointConfig, HTTPConfig, endpoint
 from wim.config.evaluation import BlindConfig, EvalConfig
 from wim.config.judging import ExportConfig, JudgeConfig, PairsConfig, ScoringConfig
 from wim.config.output import CardConfig, ReportConfig
@@ -33,10 +33,11 @@ from wim.config.yaml_dataclasses import apply_overrides, build_dataclass, read_y
 from wim.errors import ConfigError
 
 __all__ = ["BlindConfig", "CardConfig", "Config", "ConfigError", "DPOSection", "EvalConfig",
-           "ExportConfig", "GenerationConfig", "HTTPConfig", "JudgeConfig", "JudgeHTTPConfig",
+           "ExportConfig", "GenerationConfig", "HTTPConfig", "JudgeConfig", "EndpointConfig",
            "LoraConfig", "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig",
            "ReportConfig", "ScoringConfig", "TrainingConfig", "WandbConfig", "apply_overrides",
-           "config_from_dict", "judge_http", "load_config", "read_yaml", "scoring_http"]
+           "blind_http", "config_from_dict", "endpoint", "judge_http", "load_config", "read_yaml",
+           "scoring_http"]
 
 
 @dataclass
@@ -92,23 +93,20 @@ class Config:
 
 
 def judge_http(cfg: Config) -> HTTPConfig:
-    """The endpoint settings of an external http judge: `judge.http`, each null field taken
-    from `http` (the model name: `judge.http.model`, else `judge.model`, else `http.model`)."""
-    own = cfg.judge.http
-    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
-              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
-    merged["model"] = own.model or cfg.judge.model or cfg.http.model
-    # Adapters are served by the policy's server only (fixed and changing judges run there).
-    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
+    """The endpoint of an external http judge (`judge.http` over `http:`; the model name:
+    `judge.http.model`, else `judge.model`, else `http.model`)."""
+    return endpoint(cfg.http, cfg.judge.http, cfg.judge.model)
 
 
 def scoring_http(cfg: Config) -> HTTPConfig:
-    """The embeddings server of `scoring.backend: http`: `scoring.http`, each null field taken
-    from `http` (the model name: `scoring.http.model`, else `http.model`)."""
-    own = cfg.scoring.http
-    merged = {f.name: getattr(own, f.name) if getattr(own, f.name) is not None
-              else getattr(cfg.http, f.name) for f in dataclasses.fields(JudgeHTTPConfig)}
-    return dataclasses.replace(cfg.http, **merged, adapter_serving="none", server_paths={})
+    """The embeddings server of `scoring.backend: http` (`scoring.http` over `http:`)."""
+    return endpoint(cfg.http, cfg.scoring.http)
+
+
+def blind_http(cfg: Config) -> HTTPConfig:
+    """The blind evaluator's server of `blind.backend: http` (`blind.http` over `http:`; the
+    model name: `blind.http.model`, else `blind.model`)."""
+    return endpoint(cfg.http, cfg.blind.http, cfg.blind.model)
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:

@@ -117,9 +117,9 @@ def _validate_eval(cfg, fail) -> None:
     if cfg.scoring.backend == "http" and not (cfg.scoring.http.base_urls or cfg.http.base_urls):
         fail("scoring.http.base_urls", "list at least one URL when scoring.backend is 'http' "
              "(or set http.base_urls)", cfg.scoring.http.base_urls)
-    if cfg.blind.backend == "http" and not cfg.blind.http.base_urls:
-        fail("blind.http.base_urls", "list at least one URL when blind.backend is 'http'",
-             cfg.blind.http.base_urls)
+    if cfg.blind.backend == "http" and not (cfg.blind.http.base_urls or cfg.http.base_urls):
+        fail("blind.http.base_urls", "list at least one URL when blind.backend is 'http' (or "
+             "set http.base_urls)", cfg.blind.http.base_urls)
 
 
 def _validate_combinations(cfg, fail) -> None:
@@ -162,9 +162,10 @@ def _validate_combinations(cfg, fail) -> None:
             own.base_urls or cfg.http.base_urls):
         fail("http.base_urls", "list at least one URL when judge.backend is 'http' (or set "
              "judge.http.base_urls)", cfg.http.base_urls)
-    for key in ("concurrency", "timeout_s", "context_tokens"):
-        if getattr(own, key) is not None and getattr(own, key) <= 0:
-            fail(f"judge.http.{key}", "be positive or null", getattr(own, key))
+    for name, section in (("judge", own), ("scoring", cfg.scoring.http), ("blind", cfg.blind.http)):
+        for key in ("concurrency", "timeout_s", "context_tokens"):
+            if getattr(section, key) is not None and getattr(section, key) <= 0:
+                fail(f"{name}.http.{key}", "be positive or null", getattr(section, key))
 
 
 def _validate_source(cfg, fail) -> None:

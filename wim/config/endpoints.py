@@ -1,9 +1,11 @@
 """OpenAI-compatible endpoints: the `http:` section (the policy's, and the default of every
-backend set to `http`) and `judge.http` (an external judge's own, field by field).
+backend set to `http`) and `EndpointConfig`, the one shape of `judge.http`, `scoring.http` and
+`blind.http`: each field left null takes its value from `http:` (`endpoint`, the one rule).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -38,21 +40,32 @@ class HTTPConfig:
 
 
 @dataclass
-class JudgeHTTPConfig:
-    """`judge.http`: the judge's own OpenAI-compatible endpoint; each field left null takes its
-    value from the `http:` section (the policy's)."""
+class EndpointConfig:
+    """The own endpoint of a judge (`judge.http`), an embeddings server (`scoring.http`) or the
+    blind evaluator (`blind.http`); each field left null takes its value from `http:`."""
 
     base_urls: list[str] | None = None
-    """The judge's endpoints (…/v1); null: `http.base_urls`."""
+    """This section's endpoints (…/v1); null: `http.base_urls`."""
     model: str | None = None
-    """The judge server's name for its model; null: `judge.model`, else `http.model`."""
+    """The server's name for the model; null: the section's `model` (`judge.model`,
+    `blind.model`) where it has one, else `http.model`."""
     api_key_env: str | None = None
-    """Environment variable holding the judge server's API key; null: `http.api_key_env`."""
+    """Environment variable holding this server's API key; null: `http.api_key_env`."""
     concurrency: int | None = None
-    """Judge requests in flight at once; null: `http.concurrency`."""
+    """Requests in flight at once; null: `http.concurrency`."""
     timeout_s: float | None = None
-    """Seconds per judge reply; null: `http.timeout_s`."""
+    """Seconds per reply; null: `http.timeout_s`."""
     max_retries: int | None = None
-    """Retries of a judge request; null: `http.max_retries`."""
+    """Retries of a request; null: `http.max_retries`."""
     context_tokens: int | None = None
-    """The judge model's context length; null: `http.context_tokens`."""
+    """The model's context length; null: `http.context_tokens`."""
+
+
+def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) -> HTTPConfig:
+    """The settings a backend opens with: `own`, each null field from `http` (the model name:
+    `own.model`, else `model`, else `http.model`). Adapters are served by the policy's server
+    only, so the result serves none."""
+    merged = {f.name: getattr(http, f.name) if getattr(own, f.name) is None
+              else getattr(own, f.name) for f in dataclasses.fields(EndpointConfig)}
+    merged["model"] = own.model or model or http.model
+    return dataclasses.replace(http, **merged, adapter_serving="none", server_paths={})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wim.config.endpoints import HTTPConfig
+from wim.config.endpoints import EndpointConfig
 
 
 @dataclass
@@ -12,7 +12,8 @@ class BlindConfig:
     """The blind outcome evaluator (wim/blind.py): sees only questions and answers."""
 
     model: str = "bundled:smollm2-135m-instruct"
-    """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, `http.model`)."""
+    """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, the server's name for it
+    unless `blind.http.model` is set)."""
     backend: str = "transformers"
     """`transformers`, `llama_cpp` or `http` (its own `blind.http` settings)."""
     dtype: str = "auto"
@@ -34,8 +35,9 @@ class BlindConfig:
     """Seed of the evaluator's retries."""
     batch_size: int | None = None
     """Verdicts per batch for a local evaluator; null: 8."""
-    http: HTTPConfig = field(default_factory=HTTPConfig)
-    """OpenAI-compatible endpoint of the evaluator when `backend` is `http`."""
+    http: EndpointConfig = field(default_factory=EndpointConfig)
+    """The evaluator's own endpoint when `backend` is `http`, field by field defaulting to
+    `http:` (the model name: `blind.http.model`, else `blind.model`)."""
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wim.config.endpoints import JudgeHTTPConfig
+from wim.config.endpoints import EndpointConfig
 
 
 @dataclass
@@ -53,7 +53,7 @@ class JudgeConfig:
     """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
     (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
     server refuses it (`http/judge/guided_refused`). false: plain text only."""
-    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    http: EndpointConfig = field(default_factory=EndpointConfig)
     """The external http judge's own endpoint (`judge.backend: http`), field by field
     defaulting to `http:`; then the policy samples on one server and the judge answers on
     another. Fixed and changing judges are the policy and answer where it does."""
@@ -80,7 +80,7 @@ class ScoringConfig:
     """`sentence_transformers` (in process, on the GPU when there is one) or `http`: an
     OpenAI-compatible `/v1/embeddings` (vLLM `--runner pooling`, TEI, OpenAI) at
     `scoring.http`."""
-    http: JudgeHTTPConfig = field(default_factory=JudgeHTTPConfig)
+    http: EndpointConfig = field(default_factory=EndpointConfig)
     """With `backend: http`: the embeddings server, field by field as `judge.http` (each null
     field from `http:`; the model name: `scoring.http.model`, else `http.model`)."""
 

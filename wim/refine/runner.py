@@ -43,14 +43,14 @@ def controller_params(cfg: Config) -> ControllerParams:
 
 def open_models(cfg: Config) -> tuple[Backend, LoopEvaluator, str]:
     """The generator's backend, E_L (same model as G, or another one) and E_L's name."""
-    policy = open_backend(cfg.policy.backend, cfg.policy.model, cfg,
+    policy = open_backend(cfg.policy.backend, cfg.policy.model, cfg.http,
                           batch_size=cfg.generation.batch_size, adapter=cfg.policy.adapter,
                           dtype=cfg.policy.dtype)
     r, j = cfg.refine, cfg.judge
     if r.evaluator == "same":
         backend, name = policy, cfg.policy.model
     else:
-        backend = open_backend(r.evaluator_backend, r.evaluator, cfg, batch_size=j.batch_size,
+        backend = open_backend(r.evaluator_backend, r.evaluator, cfg.http, batch_size=j.batch_size,
                                dtype=j.dtype)
         name = r.evaluator
     judge = configured_judge(j, backend, role="external", model_name=name, mode="wim")
