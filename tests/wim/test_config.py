@@ -406,3 +406,23 @@ def test_every_config_field_has_help_text() -> None:
                 if not documented:
                     undocumented.append(f"{cls.name}.{node.target.id}")
     assert not undocumented, undocumented
+
+
+def test_numeric_baseline_differs_from_the_quickstart_only_in_scoring():
+    """A run of each then compares scoring alone (not lr, beta, steps or the held-out prompts)."""
+    from wim.config import load_config
+
+    def flat(data: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in data.items():
+            if isinstance(value, dict) and value:
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    wim = flat(load_config(QUICKSTART).to_dict())
+    numeric = flat(load_config(ROOT / "configs" / "numeric_baseline.yaml").to_dict())
+    differ = {k for k in wim.keys() | numeric.keys() if wim.get(k) != numeric.get(k)}
+    assert differ == {"judge.mode", "scoring.zeta", "scoring.report_zetas"}
+    assert (numeric["judge.mode"], numeric["scoring.zeta"]) == ("numeric", 0.0)
