@@ -7,11 +7,9 @@ imported inside functions so that `import training.dpo` stays cheap.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +18,11 @@ from training.cpu_attention import training_attention
 from training.placement import (
     gathered,
     keep_lora_float32,
-    one_gpu_per_process,
     process_state,
     save_adapter,
 )
-from wim.config import Config, ConfigError
+from training.trl_config import dpo_config
+from wim.config import Config
 from wim.errors import InputError
 from wim.models import load_causal_lm
 from wim.records import RecordsError
@@ -292,48 +290,8 @@ def precompute_reference(cfg: Config, n_pairs: int, processes: int = 1) -> bool:
 
 def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int,
               processes: int = 1):
-    """Build `trl.DPOConfig` from `cfg.dpo` (+ `extra`), checking `extra` keys by name first."""
-    from trl import DPOConfig
-
-    dpo = {f.name: getattr(cfg.dpo, f.name) for f in dataclasses.fields(cfg.dpo)}
-    extra = dict(dpo.pop("extra"))
-    dpo.pop("reference_pass")
-    if "precompute_ref_log_probs" in extra:
-        raise ConfigError("dpo.extra: 'precompute_ref_log_probs' has its own key; set "
-                          "dpo.reference_pass (auto, precompute or per_step) instead.")
-    known = {f.name for f in dataclasses.fields(DPOConfig)}
-    for key in extra:
-        if key not in known:
-            raise ConfigError(
-                f"dpo.extra: '{key}' is not a trl.DPOConfig field; check the spelling against "
-                "trl/trainer/dpo_config.py of the installed trl."
-            )
-        if key in dpo:
-            raise ConfigError(f"dpo.extra: '{key}' has its own key; set dpo.{key} instead.")
-    if cfg.wandb.enabled:
-        os.environ.setdefault("WANDB_PROJECT", cfg.wandb.project)  # read by the wandb callback
-    import torch
-
-    from wim.models import device_and_dtype
-
-    device, dtype = device_and_dtype(cfg.policy.dtype)
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        use_cpu=device == "cpu",  # picked, not pinned: the GPU whenever there is one
-        bf16=dtype == torch.bfloat16,  # mixed precision: bfloat16 autocast, float32 LoRA weights
-        # TRL turns checkpointing on by default; it is a config switch here (memory vs time).
-        # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
-        activation_checkpointing=cfg.training.gradient_checkpointing,
-        seed=cfg.seed,
-        report_to="wandb" if cfg.wandb.enabled else "none",
-        save_strategy="steps" if cfg.dpo.save_steps else "no",
-        save_total_limit=2,  # LoRA checkpoints are small; two guard against a torn last one
-        disable_tqdm=not progress,
-        precompute_ref_log_probs=precompute_reference(cfg, n_pairs, processes),
-    )
-    if not cfg.dpo.save_steps:
-        dpo.pop("save_steps")  # DPOConfig refuses save_steps=0
-    return one_gpu_per_process(DPOConfig(**{**kwargs, **dpo, **extra}))
+    """`trl.DPOConfig` for this training (training/trl_config.py, shared with online DPO)."""
+    return dpo_config(cfg, output_dir, progress, precompute_reference(cfg, n_pairs, processes))
 
 
 def _load_pairs(pairs_path: Path):

@@ -165,28 +165,10 @@ def _user_text(prompt) -> str:
 
 
 def online_args(cfg: Config, output_dir: Path, progress: bool):
-    import torch
-    from trl.experimental.online_dpo import OnlineDPOConfig
+    """`OnlineDPOConfig` for this run (training/trl_config.py, shared with offline DPO)."""
+    from training.trl_config import online_dpo_config
 
-    from training.placement import one_gpu_per_process
-    from wim.models import device_and_dtype
-
-    d, t = cfg.dpo, cfg.training
-    device, dtype = device_and_dtype(cfg.policy.dtype)
-    return one_gpu_per_process(OnlineDPOConfig(
-        output_dir=str(output_dir), learning_rate=d.learning_rate, beta=[d.beta],
-        max_steps=d.max_steps, per_device_train_batch_size=d.per_device_train_batch_size,
-        gradient_accumulation_steps=d.gradient_accumulation_steps, max_length=d.max_length,
-        max_new_tokens=t.online_max_new_tokens, temperature=t.online_temperature,
-        top_p=cfg.generation.top_p, logging_steps=d.logging_steps, seed=cfg.seed,
-        # As in training/dpo.py: the Trainer refuses bf16 on a CPU unless told it is one.
-        use_cpu=device == "cpu", bf16=dtype == torch.bfloat16,
-        activation_checkpointing=t.gradient_checkpointing,
-        report_to="wandb" if cfg.wandb.enabled else "none", save_strategy="no",
-        disable_tqdm=not progress, loss_type="sigmoid",
-        # TRL samples without a KV cache when checkpointing is on, several times slower; it
-        # samples under no_grad, where transformers keeps the cache with checkpointing on.
-        generation_kwargs={"use_cache": True}))
+    return online_dpo_config(cfg, output_dir, progress)
 
 
 def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
