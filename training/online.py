@@ -184,6 +184,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     from training.online_trainer import WimOnlineDPOTrainer
     from training.placement import keep_lora_float32
     from wim.embedders import open_embedder
+    from wim.report.online import write_online_report
 
     # Decided where training runs, as offline (RunDir.training_dtype).
     cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
@@ -226,28 +227,4 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     report = {**metrics, "judge/role": cfg.judge.role, "policy/model": cfg.policy.model,
               "score/zeta": cfg.scoring.zeta, "online/tie_policy": cfg.training.online_tie_policy,
               "score/on_parse_failure": cfg.judge.on_parse_failure}
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
-    run.file("report.md").write_text(_markdown(cfg, clean, reward.steps))
-    return clean
-
-
-def _markdown(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -> str:
-    def cell(v: Any) -> str:
-        return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-
-    lines = ["# WIM online DPO report", "",
-             f"Policy {cfg.policy.model}, judge role {cfg.judge.role}, zeta "
-             f"{cfg.scoring.zeta:g}, tie policy `{cfg.training.online_tie_policy}`, failed "
-             f"judgements `{cfg.judge.on_parse_failure}`. {r['train/steps']} steps; "
-             f"{r['online/pairs']} pairs, {r['online/ties']} ties, {r['online/failed']} failed "
-             f"judgements, {r['online/dropped']} pairs kept out of the loss.", ""]
-    if cfg.policy.model == "bundled:smollm2-135m-instruct":
-        lines += ["> **Read this first.** The 135M bundled model cannot really judge: these "
-                  "numbers are mechanical, not evidence for or against WIM.", ""]
-    keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
-            "tie_rate/wim", "delta/numeric", "delta/wim"]
-    lines += ["| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    lines += [f"| {s['step']} | " + " | ".join(cell(s.get(k)) for k in keys) + " |"
-              for s in steps]
-    return "\n".join(lines) + "\n"
+    return write_online_report(cfg, run, report, reward.steps)

@@ -82,15 +82,21 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     return report
 
 
+def write_report_json(run: RunDir, report: dict[str, Any]) -> dict[str, Any]:
+    """report.json, the one writer (the run's, the rounds' and online DPO's): sorted keys,
+    NaN as null so that any JSON reader takes it. Returns what was written."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
+    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    return clean
+
+
 def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     """Rebuild report.json, plots/*.png, report.md and report.html from the run directory."""
     from wim.report.browser import browser_entries
     from wim.report.page import render_html
     from wim.report.plots import make_plots
 
-    report = collect_metrics(cfg, run)
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    clean = write_report_json(run, collect_metrics(cfg, run))
     evaluation = read_evaluation(run)
     plots = make_plots(cfg, run, clean, evaluation)
     markdown = render_markdown(clean, cfg, plots, evaluation, read_agreement(run))

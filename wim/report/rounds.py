@@ -5,8 +5,6 @@ report.md is a table over rounds. Each round's own report is `rounds/<r>/report.
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from wim.config import Config
@@ -35,9 +33,9 @@ def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
     report["training/rounds"] = len(reports)
     for r, rep in enumerate(reports, start=1):
         report.update(per_round_metrics(r, rep))
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
-    from wim.report.build import read_evaluation
+    from wim.report.build import read_evaluation, write_report_json
+
+    clean = write_report_json(run, report)
 
     run.file("report.md").write_text(render_rounds(cfg, clean, len(reports),
                                                    read_evaluation(run)))

@@ -1,0 +1,38 @@
+"""The report of an online DPO run (training/online.py): report.json through the one writer,
+and report.md with a row per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wim.config import Config
+from wim.report.build import write_report_json
+from wim.rundir import RunDir
+
+
+def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
+                        steps: list[dict[str, Any]]) -> dict[str, Any]:
+    clean = write_report_json(run, report)
+    run.file("report.md").write_text(render_online(cfg, clean, steps))
+    return clean
+
+
+def render_online(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+    def cell(v: Any) -> str:
+        return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+    lines = ["# WIM online DPO report", "",
+             f"Policy {cfg.policy.model}, judge role {cfg.judge.role}, zeta "
+             f"{cfg.scoring.zeta:g}, tie policy `{cfg.training.online_tie_policy}`, failed "
+             f"judgements `{cfg.judge.on_parse_failure}`. {r['train/steps']} steps; "
+             f"{r['online/pairs']} pairs, {r['online/ties']} ties, {r['online/failed']} failed "
+             f"judgements, {r['online/dropped']} pairs kept out of the loss.", ""]
+    if cfg.policy.model == "bundled:smollm2-135m-instruct":
+        lines += ["> **Read this first.** The 135M bundled model cannot really judge: these "
+                  "numbers are mechanical, not evidence for or against WIM.", ""]
+    keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
+            "tie_rate/wim", "delta/numeric", "delta/wim"]
+    lines += ["| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    lines += [f"| {s['step']} | " + " | ".join(cell(s.get(k)) for k in keys) + " |"
+              for s in steps]
+    return "\n".join(lines) + "\n"
