@@ -93,6 +93,8 @@ def test_online_steps_log_wim_statistics_and_drop_failed_judgements(tmp_path: Pa
     assert all(j["score"] is None and not j["parse_ok"] for j in failed_rows)
     report = json.loads((run / "report.json").read_text())
     assert report["online/failed"] >= 4 and report["online/pairs"] == 6
+    markdown = (run / "report.md").read_text()  # a row per step, the failures of step 2 in it
+    assert markdown.startswith("# WIM online DPO report") and "| 2 | 2 | " in markdown
     assert (run / "train/adapter/adapter_config.json").is_file()
     later = [s for s in (steps[0], steps[2]) if s["tie_rate/numeric"] is not None]
     assert all(0.0 <= s["tie_rate/numeric"] <= 1.0 and not math.isnan(s["delta/numeric"])
