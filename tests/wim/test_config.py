@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -234,6 +237,63 @@ def test_bad_choice_names_the_allowed_ones(key, allowed):
     assert f"'{key}' must be one of {allowed}, got 'foo'" in message
 
 
+def _literal_fields() -> dict[str, tuple]:
+    """Dotted key -> allowed values, for every `Literal`-typed field of every section."""
+    fields = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, hint in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(hint):
+                walk(hint, f"{prefix}{name}.")
+                continue
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            literal = hint if typing.get_origin(hint) is typing.Literal else (
+                args[0] if len(args) == 1 and typing.get_origin(args[0]) is typing.Literal
+                else None)
+            if literal is not None:
+                fields[f"{prefix}{name}"] = typing.get_args(literal)
+
+    walk(Config, "")
+    return fields
+
+
+def test_the_choices_are_literal_types_beside_their_fields():
+    """The string fields with a fixed set of values (once a table in checks.py) are Literals."""
+    assert set(_literal_fields()) >= {
+        "policy.backend", "policy.dtype", "generation.overlong", "generation.source_shape",
+        "judge.role", "judge.backend", "judge.dtype", "judge.mode", "judge.prompt",
+        "judge.on_parse_failure", "judge.instructions_in", "judge.overlong", "http.adapter_serving",
+        "scoring.dtype", "scoring.backend", "pairs.strategy", "pairs.tie_policy",
+        "dpo.reference_pass", "blind.backend", "blind.dtype", "blind.mode", "blind.verdict",
+        "training.adapter", "training.mode", "training.online_tie_policy",
+        "refine.evaluator_backend", "refine.baseline", "refine.test", "refine.pairs_rule",
+        "refine.pairs_policy"}
+
+
+@pytest.mark.parametrize(("key", "allowed"), sorted(_literal_fields().items()),
+                         ids=sorted(_literal_fields()))
+def test_a_literal_field_takes_only_its_values(key, allowed):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [f"{key}=bogus"])
+    assert str(info.value) == (f"{QUICKSTART}: '{key}' must be one of {', '.join(allowed)}, "
+                               "got 'bogus'.")
+
+    def get(cfg: Config):
+        return functools.reduce(getattr, key.split("."), cfg)
+
+    default = get(Config())
+    assert default in allowed
+    assert get(load_config(QUICKSTART, [f"{key}={default}"])) == default
+    for value in allowed:
+        # Another check may refuse a value in the quickstart's company; never the choice check.
+        try:
+            cfg = load_config(QUICKSTART, [f"{key}={value}"])
+        except ConfigError as err:
+            assert f"'{key}' must be one of" not in str(err)
+        else:
+            assert get(cfg) == value
+
+
 def test_wrong_type_names_key_and_type():
     with pytest.raises(ConfigError, match=r"'generation\.k' must be of type int, got 'two'"):
         _with(["generation.k=two"])
@@ -383,8 +443,6 @@ def test_paper_setup_keys_are_checked(overrides: list[str], key: str) -> None:
 def test_every_config_field_has_help_text() -> None:
     """Each dataclass field is followed by its attribute docstring (as TRL and open-instruct)."""
     import ast
-    import dataclasses
-    import typing
 
     import wim.config
 

@@ -7,9 +7,9 @@ with the file and the dotted key, so a typo never silently falls back to a defau
 `Config` (here) holds one dataclass per YAML section, grouped by the stage that reads them:
 sampling.py (prompts, policy, generation), endpoints.py (http, judge.http), judging.py (judge,
 scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval),
-output.py (card, report) and
-refine.py (refine). checks.py: range, choice and combination checks;
-yaml_dataclasses.py: YAML into dataclasses. Import any of them from `wim.config`.
+output.py (card, report) and refine.py (refine). checks.py: range and combination checks;
+yaml_dataclasses.py: YAML into dataclasses (a `Literal` field takes only its values). Import
+any of them from `wim.config`.
 """
 
 from __future__ import annotations

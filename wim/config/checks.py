@@ -1,4 +1,5 @@
-"""Range, choice and combination checks of a loaded config (see __init__.py).
+"""Range and combination checks of a loaded config (see __init__.py). The allowed values of a
+string field are its `Literal` type, beside the field, checked as it loads (yaml_dataclasses.py).
 
 Each failure raises `ConfigError` naming the dotted key, what was expected and the value, so
 a bad value is reported before any model is loaded.
@@ -9,37 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config.output import validate_output
-from wim.config.sampling import DTYPES, OVERLONG_RULES, SOURCE_COLUMN_KEYS, SOURCE_SHAPES
+from wim.config.sampling import SOURCE_COLUMN_KEYS
 from wim.errors import ConfigError
-
-_CHOICES = {
-    "policy.backend": ("transformers", "llama_cpp", "http"),
-    "judge.backend": ("transformers", "llama_cpp", "http"),
-    "judge.role": ("fixed", "changing", "external"),
-    "judge.mode": ("wim", "numeric"),
-    "judge.instructions_in": ("system", "user"),
-    "generation.overlong": OVERLONG_RULES,
-    "judge.overlong": OVERLONG_RULES,
-    "judge.prompt": ("ours", "authors"),
-    "judge.on_parse_failure": ("exclude", "authors"),
-    "pairs.strategy": ("best_vs_worst", "best_vs_random", "all"),
-    "pairs.tie_policy": ("drop", "first", "random"),
-    "blind.backend": ("transformers", "llama_cpp", "http"),
-    "blind.mode": ("pairwise", "pointwise"),
-    "blind.verdict": ("weighted", "hard"),
-    "training.adapter": ("continue", "fresh"),
-    "training.mode": ("offline", "online"),
-    "training.online_tie_policy": ("drop", "first"),
-    "generation.source_shape": SOURCE_SHAPES,
-    "policy.dtype": DTYPES,
-    "judge.dtype": DTYPES,
-    "blind.dtype": DTYPES,
-    "scoring.dtype": DTYPES,
-    "scoring.backend": ("sentence_transformers", "http"),
-    "http.adapter_serving": ("none", "vllm"),
-    "dpo.reference_pass": ("auto", "precompute", "per_step"),
-}
-
 
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
              "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
@@ -54,14 +26,11 @@ def _get(cfg, key: str) -> Any:
 
 
 def validate(cfg, source: str = "config") -> None:
-    """Check ranges and choices; raise ConfigError naming the key and what is expected."""
+    """Check ranges and combinations; raise ConfigError naming the key and what is expected."""
 
     def fail(key: str, expected: str, value: Any) -> None:
         raise ConfigError(f"{source}: '{key}' must {expected}, got {value!r}.")
 
-    for key, choices in _CHOICES.items():
-        if _get(cfg, key) not in choices:
-            fail(key, "be one of " + ", ".join(choices), _get(cfg, key))
     if not 0.0 <= cfg.scoring.zeta <= 1.0:
         fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
     for z in cfg.scoring.report_zetas:
@@ -93,11 +62,9 @@ def validate(cfg, source: str = "config") -> None:
         fail("prompts.limit", "be positive or null", cfg.prompts.limit)
     _validate_combinations(cfg, fail)
     _validate_source(cfg, fail)
-    if hasattr(cfg, "refine"):
-        _validate_refine(cfg.refine, fail)
+    _validate_refine(cfg.refine, fail)
     _validate_eval(cfg, fail)
-    if hasattr(cfg, "report"):
-        validate_output(cfg, fail)
+    validate_output(cfg, fail)
 
 
 def _validate_eval(cfg, fail) -> None:
@@ -198,7 +165,7 @@ def _validate_source(cfg, fail) -> None:
 
 def _validate_refine(r, fail) -> None:
     """The `refine:` section (refine.py)."""
-    from wim.config.refine import CRITERIA, FLAGS, POLICY_NAMES
+    from wim.config.refine import CRITERIA, FLAGS
 
     for key in ("max_attempts", "ensemble_n"):
         if getattr(r, key) < 1:
@@ -221,12 +188,6 @@ def _validate_refine(r, fail) -> None:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
                     or not 0 <= amount <= 1:
                 fail(f"refine.penalties.{flag}.{criterion}", "be a number in [0, 1]", amount)
-    choices = {"evaluator_backend": ("transformers", "llama_cpp", "http"),
-               "test": ("wilcoxon", "ttest"), "pairs_rule": ("blind", "accepted", "none"),
-               "baseline": POLICY_NAMES, "pairs_policy": POLICY_NAMES}
-    for key, allowed in choices.items():
-        if getattr(r, key) not in allowed:
-            fail(f"refine.{key}", "be one of " + ", ".join(allowed), getattr(r, key))
     d = r.dynamic
     for key in ("reject_streak", "window", "stability_window"):
         if getattr(d, key) < 1:

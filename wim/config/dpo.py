@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -41,7 +41,7 @@ class DPOSection:
     save_steps: int = 25
     """Save a checkpoint every this many steps (and at the end), so that a killed training
     resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
-    reference_pass: str = "auto"
+    reference_pass: Literal["auto", "precompute", "per_step"] = "auto"
     """The reference model's log-probabilities (the base, adapter off): `precompute` them in
     one pass over the pairs before training (TRL's precompute_ref_log_probs), or compute them
     `per_step`; `auto` precomputes when training passes over the pairs more than once
@@ -58,15 +58,15 @@ class TrainingConfig:
     """Iterations of sample -> judge -> score -> pairs -> train. In round r the policy is the
     base plus the adapter of round r-1; the changing judge judges with that adapter on, the
     fixed judge with it off. 1: one pass in the run directory itself; more: DIR/rounds/<r>/."""
-    adapter: str = "continue"
+    adapter: Literal["continue", "fresh"] = "continue"
     """Each round after the first: `continue` training the previous round's adapter (its
     reference is that adapter's state at the round's start) or train a `fresh` one on the base
     (the next round's policy is base + the fresh adapter)."""
-    mode: str = "offline"
+    mode: Literal["offline", "online"] = "offline"
     """`offline`: DPO on the pairs of each round (trl.DPOTrainer). `online`: TRL's
     OnlineDPOTrainer samples 2 completions per prompt each step and the WIM score of the judge
     (judge.role fixed: adapter off; changing: the live model) is its reward."""
-    online_tie_policy: str = "drop"
+    online_tie_policy: Literal["drop", "first"] = "drop"
     """Online mode, two completions that tie (pairs.tie_tolerance): `drop` the pair from the
     loss, or take the `first` as chosen (TRL's own rule, and the authors' code). Counted."""
     online_max_new_tokens: int = 64

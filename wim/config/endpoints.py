@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -26,7 +27,7 @@ class HTTPConfig:
     context_tokens: int | None = None
     """The server model's context length, if known. Without a tokenizer, a prompt's length is
     estimated as characters / 3 (on the safe side); null: no check, the server decides."""
-    adapter_serving: str = "none"
+    adapter_serving: Literal["none", "vllm"] = "none"
     """`vllm`: after each round's training the run registers the new LoRA adapter with the
     server (`POST /v1/load_lora_adapter`; vLLM with `--enable-lora` and
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a name unique to the run and round, and the

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from wim.config.endpoints import EndpointConfig
+from wim.config.sampling import Backend, Dtype
 
 
 @dataclass
@@ -14,13 +16,13 @@ class BlindConfig:
     model: str = "bundled:smollm2-135m-instruct"
     """Evaluator model (`bundled:...`, a folder or a hub id; with `http`, the server's name for it
     unless `blind.http.model` is set)."""
-    backend: str = "transformers"
+    backend: Backend = "transformers"
     """`transformers`, `llama_cpp` or `http` (its own `blind.http` settings)."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """dtype of the evaluator on the transformers backend (see `policy.dtype`)."""
-    mode: str = "pairwise"
+    mode: Literal["pairwise", "pointwise"] = "pairwise"
     """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
-    verdict: str = "weighted"
+    verdict: Literal["weighted", "hard"] = "weighted"
     """`weighted`: each order's probabilities of A, B and tie at the verdict token (the
     transformers backend's guided distribution; a server's `top_logprobs`), averaged over both
     orders into a preference in [0, 1] per prompt; an order without probabilities falls back to

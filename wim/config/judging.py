@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from wim.config.endpoints import EndpointConfig
+from wim.config.sampling import Backend, Dtype, Overlong
 
 
 @dataclass
 class JudgeConfig:
-    role: str = "fixed"
+    role: Literal["fixed", "changing", "external"] = "fixed"
     """`fixed` (frozen reference = base policy with any adapter disabled), `changing` (the
     policy being trained) or `external` (`model` below)."""
     model: str | None = None
     """Model for the external judge (`bundled:...`, a folder or a hub id)."""
-    backend: str = "transformers"
+    backend: Backend = "transformers"
     """Backend of the external judge: `transformers`, `llama_cpp` or `http`."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """dtype of an external judge on the transformers backend (see `policy.dtype`)."""
-    mode: str = "wim"
+    mode: Literal["wim", "numeric"] = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
-    prompt: str = "ours"
+    prompt: Literal["ours", "authors"] = "ours"
     """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`: the
     WIM authors' structure in our words: a short explanation, `[[N]]`, then what is missing as
     `[[[...]]]` (`[[[]]]` = nothing), instructions in the system turn. Both are parsed."""
-    on_parse_failure: str = "exclude"
+    on_parse_failure: Literal["exclude", "authors"] = "exclude"
     """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors` (their
     code): an unparseable rating counts as rating_norm 0, a missing critique leaves the rating
     alone as the score; both counted (`score/fallback_rating`, `score/fallback_critique`)."""
@@ -33,7 +35,7 @@ class JudgeConfig:
         "would include"
     )
     """What the judge weighs, written into the judge prompt (set it per dataset)."""
-    instructions_in: str = "system"
+    instructions_in: Literal["system", "user"] = "system"
     """Where the judge instructions go: `system` or `user` message."""
     max_new_tokens: int = 64
     """Most tokens the judge may write per judgement (critique and rating together)."""
@@ -43,7 +45,7 @@ class JudgeConfig:
     """Sampling temperature of the retries (the first attempt is greedy)."""
     batch_size: int = 8
     """Judgements per batch for a local judge."""
-    overlong: str = "truncate"
+    overlong: Overlong = "truncate"
     """Judge input (instructions + prompt + response) longer than the judge's context (less
     max_new_tokens) or max_input_tokens: `truncate` (the prompt is cut from the middle, the
     response kept whole; judge/truncated) or `skip` (not judged; judge/skipped_overlong)."""
@@ -72,11 +74,11 @@ class ScoringConfig:
     """Judgements per scoring batch: their new texts are embedded together, their similarities
     stored and their scores appended to scores.jsonl. With `backend: http`: texts per request,
     and as many batches at once as `scoring.http.concurrency` lets requests be in flight."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """The in-process embedder's dtype: `auto` (bfloat16 on a GPU or a CPU that computes it
     natively, else float32: the policy's rule, wim/precision.py), `float32` or `bfloat16`.
     Similarities of another dtype are computed afresh, never mixed with stored ones."""
-    backend: str = "sentence_transformers"
+    backend: Literal["sentence_transformers", "http"] = "sentence_transformers"
     """`sentence_transformers` (in process, on the GPU when there is one) or `http`: an
     OpenAI-compatible `/v1/embeddings` (vLLM `--runner pooling`, TEI, OpenAI) at
     `scoring.http`."""
@@ -87,10 +89,10 @@ class ScoringConfig:
 
 @dataclass
 class PairsConfig:
-    strategy: str = "best_vs_worst"
+    strategy: Literal["best_vs_worst", "best_vs_random", "all"] = "best_vs_worst"
     """`best_vs_worst`, `best_vs_random` (best vs a random lower sample) or `all` (all
     non-tied pairs)."""
-    tie_policy: str = "drop"
+    tie_policy: Literal["drop", "first", "random"] = "drop"
     """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
     at `random`."""
     tie_tolerance: float = 1e-6

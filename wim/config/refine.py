@@ -4,15 +4,18 @@ the criteria, flags and policies that wim/refine imports from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
+
+from wim.config.sampling import Backend
 
 CRITERIA = ("factuality", "coherence", "evidence_support", "depth_of_analysis",
             "linguistic_robustness")
 """What the blind outcome evaluator scores (wim/refine/controller.py), each in [0, 1]."""
 FLAGS = ("unsupported_claim", "citation_mismatch", "contradiction", "truncated", "empty_answer")
 """Diagnostic flags the fixed rules of wim/refine/evaluator.py can raise (penalty table keys)."""
-POLICY_NAMES = ("none", "hard_cap", "dynamic", "vrr_stop", "vrr_stop_calibrated", "vrr_guard")
+PolicyName = Literal["none", "hard_cap", "dynamic", "vrr_stop", "vrr_stop_calibrated", "vrr_guard"]
 """Policies derived from one master trajectory (`none` = the initial answer)."""
+POLICY_NAMES = get_args(PolicyName)
 
 @dataclass
 class RefineDynamicConfig:
@@ -93,7 +96,7 @@ class RefineConfig:
     evaluator: str = "same"
     """E_L: `same` (the policy model) or another model (`bundled:...`, a folder, a hub id) for
     the cross-model arm of the 2x2 design."""
-    evaluator_backend: str = "transformers"
+    evaluator_backend: Backend = "transformers"
     """Backend of a cross-model E_L: `transformers`, `llama_cpp` or `http` (uses `http:`)."""
     max_retries: int = 2
     """Re-ask an E_L evaluation or vote that fails to parse this many times, then count it."""
@@ -101,12 +104,12 @@ class RefineConfig:
     """Dynamic stopping rules and their parameters."""
     vrr: RefineVRRConfig = field(default_factory=RefineVRRConfig)
     """VRR-Stop / VRR-Guard parameters."""
-    baseline: str = "hard_cap"
+    baseline: PolicyName = "hard_cap"
     """The policy every other one is tested against (paired, Holm-adjusted)."""
-    test: str = "wilcoxon"
+    test: Literal["wilcoxon", "ttest"] = "wilcoxon"
     """Paired test: `wilcoxon` (signed rank) or `ttest` (paired t)."""
-    pairs_rule: str = "blind"
+    pairs_rule: Literal["blind", "accepted", "none"] = "blind"
     """Export (final, initial) as a preference pair when: `blind` (E_B scores the final answer
     higher), `accepted` (the controller accepted a candidate), or `none` (no export)."""
-    pairs_policy: str = "hard_cap"
+    pairs_policy: PolicyName = "hard_cap"
     """Whose final answer the exported pairs use."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-DTYPES = ("auto", "float32", "bfloat16")
+Dtype = Literal["auto", "float32", "bfloat16"]
 """Compute dtypes of every model section (`auto`: bfloat16 where the device computes it natively,
 float32 elsewhere; wim/precision.py decides)."""
-OVERLONG_RULES = ("truncate", "skip")
+DTYPES = get_args(Dtype)
+Backend = Literal["transformers", "llama_cpp", "http"]
+"""Where a model runs: policy, external judge, blind evaluator and cross-model E_L."""
+Overlong = Literal["truncate", "skip"]
 """What `generation.overlong` and `judge.overlong` do with a text over the context."""
-SOURCE_SHAPES = ("auto", "responses", "ultrafeedback", "preference")
-"""The layouts of a `generation.source` (wim/sources.py reads each)."""
 SOURCE_COLUMN_KEYS = ("prompt", "id", "domain", "responses", "completions", "model", "response",
                       "rating", "chosen", "rejected")
 """The keys of `generation.source_columns`: a source's column names for each."""
@@ -34,13 +36,13 @@ class PromptsConfig:
 class PolicyConfig:
     model: str = "bundled:smollm2-135m-instruct"
     """The policy that samples responses: `bundled:...`, a local folder or a hub id."""
-    backend: str = "transformers"
+    backend: Backend = "transformers"
     """`transformers`, `llama_cpp` (CPU-fast, GGUF) or `http` (OpenAI-compatible server)."""
     adapter: str | None = None
     """A trained LoRA adapter folder (e.g. `RUN/train/adapter`) put onto `model` by transformers'
     `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
     without it. `wim train` still trains a fresh adapter on `model`."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """What the local model computes in (sampling, the fixed and changing judges, training):
     `auto` (bfloat16 where the device computes it natively: GPUs from Ampere on, CPUs with AMX or
     AVX512-BF16; float32 elsewhere, where bfloat16 is emulated and slower), `float32` or `bfloat16`.
@@ -61,7 +63,7 @@ class GenerationConfig:
     batch_size: int = 8
     """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
     reproduce the same samples."""
-    overlong: str = "truncate"
+    overlong: Overlong = "truncate"
     """A prompt longer than the policy's context (less max_new_tokens) or max_prompt_tokens:
     `truncate` (cut from the middle to fit, counted as generate/truncated) or `skip` (not
     sampled, counted as generate/skipped_overlong)."""
@@ -74,7 +76,7 @@ class GenerationConfig:
     are then unused and no policy samples. null: the policy samples k responses per prompt."""
     source_split: str = "train"
     """Split to read when `source` is a datasets name or a saved DatasetDict."""
-    source_shape: str = "auto"
+    source_shape: Literal["auto", "responses", "ultrafeedback", "preference"] = "auto"
     """`responses` (a prompt and a list of responses), `ultrafeedback` (a prompt and
     `completions`: objects with a model name, a response and a rating), `preference` (prompt,
     chosen, rejected: each side becomes a sample and keeps its label), or `auto` (by columns)."""

@@ -1,6 +1,7 @@
 """YAML into nested dataclasses, with errors that name the file and the dotted key.
 
-Generic: it knows nothing of wim's sections (the modules beside it declare them).
+Generic: it knows nothing of wim's sections (the modules beside it declare them). A field
+typed `Literal[...]` accepts only those values: the choices sit beside the field they limit.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import dataclasses
 import json
 import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -45,6 +46,11 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
             return None
         raise ConfigError(f"{source}: '{key}' may not be null.")
     base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    if get_origin(base) is Literal:
+        if value not in get_args(base):
+            allowed = ", ".join(map(str, get_args(base)))
+            raise ConfigError(f"{source}: '{key}' must be one of {allowed}, got {value!r}.")
+        return value
     origin = get_origin(base) or base
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = {bool: isinstance(value, bool), int: number and isinstance(value, int), float: number,
