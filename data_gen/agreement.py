@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from data_gen.validity_table import Outcomes, outcomes_table, systems_table_lines
+from data_gen.validity_table import RankingOutcomes, outcomes_table, systems_table_lines
 from wim.config import Config
 from wim.pairs import group_by_prompt
 from wim.rundir import RunDir
@@ -62,7 +62,7 @@ def source_agreement(cfg: Config, run: RunDir,
     labelled pair leaves only its outcomes under each system: memory stays flat in prompts)."""
     path = run.file(AGREEMENT_FILE)
     groups = group_by_prompt(scored).values() if isinstance(scored, list) else scored
-    outcomes, label_ties, kinds = Outcomes(cfg), 0, set()
+    outcomes, label_ties, kinds = RankingOutcomes(cfg), 0, set()
     for records in groups:
         pair, kind = label_pair(records)
         kinds.add(kind)

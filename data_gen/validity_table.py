@@ -42,7 +42,7 @@ def _zetas(cfg: Config) -> list[float]:
     return sorted(z for z in zs if 0.0 < z < 1.0)
 
 
-class Outcomes:
+class RankingOutcomes:
     """Each system's outcome per pair, in pair order, and each pair's domain: what the table
     reads, a few bytes a pair (the agreement with a source adds 100,000 pairs one at a time).
     An outcome is 1 (the better answer ranked first), 0.5 (a tie), 0 (wrong) or None (failed)."""
@@ -81,14 +81,14 @@ def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> di
     domain (n, accuracy, interval), and a paired test against numeric on the same pairs.
     `scored`: the records of pair `id` as prompt_id, sample_idx 0 the better, 1 the worse."""
     records = {(r["prompt_id"], r["sample_idx"]): r for r in scored}
-    outcomes = Outcomes(cfg)
+    outcomes = RankingOutcomes(cfg)
     for p in pairs:
         outcomes.add(p.domain, records.get((p.id, 0)), records.get((p.id, 1)),
                      len(p.chosen), len(p.rejected))
     return outcomes_table(cfg, outcomes)
 
 
-def outcomes_table(cfg: Config, outcomes: Outcomes) -> dict:
+def outcomes_table(cfg: Config, outcomes: RankingOutcomes) -> dict:
     """`validity_table` from the outcomes themselves."""
     by_system = outcomes.by_system
     out = {s: _row(cfg, outcomes.domains, o) for s, o in by_system.items()}

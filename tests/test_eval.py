@@ -72,7 +72,7 @@ def test_eval_without_held_out_prompts_says_what_to_do(flaky_server, tmp_path: P
 
 
 def test_a_multi_round_run_is_evaluated_with_its_last_adapter(tmp_path: Path):
-    from training.evaluate import adapter_of, check_unseen
+    from training.evaluate import check_unseen, final_adapter
     from wim.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
@@ -80,7 +80,7 @@ def test_a_multi_round_run_is_evaluated_with_its_last_adapter(tmp_path: Path):
         adapter = run.path / "rounds" / str(r) / "train" / "adapter"
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text("{}")
-    assert adapter_of(run) == str(run.path / "rounds" / "10" / "train" / "adapter")
+    assert final_adapter(run) == str(run.path / "rounds" / "10" / "train" / "adapter")
     prompt = load_prompts("bundled")[0]
     (run.path / "rounds" / "2" / "samples.jsonl").write_text(json.dumps(
         {"prompt_id": prompt.id, "sample_idx": 0, "prompt": prompt.text}) + "\n")

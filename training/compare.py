@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from data_gen.score_stage import store_similarities
-from training.evaluate import System, adapter_of, compare_systems, held_out_prompts
+from training.evaluate import System, compare_systems, final_adapter, held_out_prompts
 from wim.config import Config
 from wim.errors import InputError
 from wim.metrics import pair_statistics
@@ -72,13 +72,13 @@ def prepare_config(cfg: Config) -> Config:
 
 
 def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
-    from training.run import run_stages
+    from training.run import run_stages_with_training
 
     cfg = prepare_config(cfg)
     shared = RunDir(out / "shared")
     with shared.lock("wim compare (shared generation and judging)"):
         shared.claim(cfg)
-        run_stages(cfg, shared, ("generate", "judge"), progress=progress)
+        run_stages_with_training(cfg, shared, ("generate", "judge"), progress=progress)
         store_similarities(cfg, shared)  # once for all arms: each scores from a copy
         shared.save_config(cfg)
     arm_runs, every_arm = {}, {}  # the trained arms; all of them
@@ -105,17 +105,17 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
 def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
                progress: bool) -> bool:
     """Score, pair and train one arm on the shared records; False when it has no pairs."""
-    from training.run import run_stages
+    from training.run import run_stages_with_training
 
     run.claim(arm_cfg)
     _copy_shared(shared, run)
-    run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
+    run_stages_with_training(arm_cfg, run, ("score", "pairs"), progress=progress)
     if name == RANDOM_ARM:
         randomize_pairs(run.pairs, arm_cfg.seed)
         shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
     trained = next(iter_records(run.pairs), None) is not None
     if trained:
-        run_stages(arm_cfg, run, ("train",), progress=progress)
+        run_stages_with_training(arm_cfg, run, ("train",), progress=progress)
     else:  # reported as such; an arm without pairs has nothing to train or evaluate
         logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
     run.save_config(arm_cfg)
@@ -150,7 +150,7 @@ _AUDIT = ("sample_idx", "critique", "rating", "similarity", "score")
 def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) -> dict:
     prompts = held_out_prompts(cfg, shared, cfg.eval.limit)
     names = list(arm_runs)
-    systems = [System(n, cfg.policy.model, adapter_of(run)) for n, (_, run) in arm_runs.items()]
+    systems = [System(n, cfg.policy.model, final_adapter(run)) for n, (_, run) in arm_runs.items()]
     systems.append(System("base", cfg.policy.model, None))
     pairs = [(f"{n} vs base", n, "base") for n in names]
     pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)

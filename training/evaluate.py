@@ -60,7 +60,7 @@ def round_runs(run: RunDir) -> list[RunDir]:
     return [RunDir(p) for p in rounds] or [run]
 
 
-def adapter_of(run: RunDir) -> str:
+def final_adapter(run: RunDir) -> str:
     """The trained adapter of DIR (of its last round in a multi-round run)."""
     run = round_runs(run)[-1]
     folder = run.file("train") / "adapter"
@@ -76,7 +76,8 @@ def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list
     train, held = load_split(p.source, p.split, p.limit, p.holdout)
     split = read_split(run.path)
     if split is None:
-        write_split(run.path, train, held)  # a run from before split.json: same rule
+        # No split.json here (rounds and online runs generate elsewhere): the same rule.
+        write_split(run.path, train, held)
     else:
         by_id = {q.id: q for q in (*train, *held)}
         missing = [i for i in split["holdout"] if i not in by_id]
@@ -324,13 +325,13 @@ def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: in
                  progress: bool = True) -> dict:
     """Evaluate DIR's policy against its base and against each `against` run's policy."""
     prompts = held_out_prompts(cfg, run, limit or cfg.eval.limit)
-    systems = [System("policy", cfg.policy.model, adapter_of(run)),
+    systems = [System("policy", cfg.policy.model, final_adapter(run)),
                System("base", cfg.policy.model, None)]
     pairs = [("policy vs base", "policy", "base")]
     for other in against:
         check_unseen(prompts, other)
         name = f"policy of {other.path.name}"
-        systems.append(System(name, other.load_config().policy.model, adapter_of(other)))
+        systems.append(System(name, other.load_config().policy.model, final_adapter(other)))
         pairs.append((f"policy vs {name}", "policy", name))
     report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
     write_eval(run.path, report, answers, records)

@@ -25,7 +25,7 @@ from typing import Any
 
 from data_gen.fingerprints import file_sha256
 from data_gen.pipeline import Resources
-from training.run import STAGES, run_stages
+from training.run import STAGES, run_stages_with_training
 from wim.config import Config
 from wim.errors import InputError
 from wim.report import write_rounds_report
@@ -38,7 +38,7 @@ def round_dir(run: RunDir, r: int) -> RunDir:
     return RunDir(run.path.resolve() / "rounds" / str(r))
 
 
-def adapter_of(run: RunDir) -> str:
+def round_adapter_path(run: RunDir) -> str:
     """The adapter folder a round's training writes (absolute, as the next round's config
     names it)."""
     return str(run.path.resolve() / "train" / "adapter")
@@ -59,7 +59,8 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
 
         return online_run(cfg, run, progress=progress, resources=resources)
     if rounds == 1:
-        return run_stages(cfg, run, stages, shard=shard, progress=progress, resources=resources)
+        return run_stages_with_training(cfg, run, stages, shard=shard, progress=progress,
+                                        resources=resources)
     if shard is not None:
         raise InputError("training.rounds > 1 cannot run as shards (each round trains on all "
                          "of the previous round's pairs); drop --shard.")
@@ -79,16 +80,18 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
             res.start_round(rcfg)
             logger.info("round %d of %d (%s judge%s)", r, rounds, cfg.judge.role,
                         f", policy = base + {previous}" if previous else ", policy = base")
-            stats = run_stages(rcfg, rdir, tuple(s for s in stages if s != "eval"),
-                               progress=progress, resources=res, close=False)
+            stats = run_stages_with_training(rcfg, rdir,
+                                             tuple(s for s in stages if s != "eval"),
+                                             progress=progress, resources=res, close=False)
             rdir.save_config(rcfg)
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
-            previous = adapter_of(rdir)
+            previous = round_adapter_path(rdir)
     finally:
         res.close()
     if "eval" in stages:  # the final policy (last round's adapter) against the base, once
-        skipped += run_stages(cfg, run, ("eval",), progress=progress)["run/skipped_stages"]
+        eval_stats = run_stages_with_training(cfg, run, ("eval",), progress=progress)
+        skipped += eval_stats["run/skipped_stages"]
     report = write_rounds_report(cfg, run, reports)
     if cfg.wandb.enabled:
         from wim.wandb_log import log_rounds

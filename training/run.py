@@ -16,8 +16,7 @@ import logging
 import time
 from typing import Any
 
-from data_gen.pipeline import DATA_RUNNERS, Resources, StageRunner
-from data_gen.pipeline import run_stages as run_data_stages
+from data_gen.pipeline import DATA_RUNNERS, Resources, StageRunner, run_stages
 from data_gen.stages import Shard
 from wim.backends.adapter_serving import serve_adapter
 from wim.config import Config
@@ -91,9 +90,10 @@ def _eval(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progres
 RUNNERS: dict[str, StageRunner] = {**DATA_RUNNERS, "train": _train, "eval": _eval}
 
 
-def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
-               shard: Shard | None = None, progress: bool = True,
-               resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
+def run_stages_with_training(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES,
+                             shard: Shard | None = None, progress: bool = True,
+                             resources: Resources | None = None, close: bool = True
+                             ) -> dict[str, Any]:
     """The named stages of `STAGES` in order (see data_gen.pipeline.run_stages)."""
-    return run_data_stages(cfg, run, stages, shard=shard, progress=progress,
-                           resources=resources, close=close, runners=RUNNERS)
+    return run_stages(cfg, run, stages, shard=shard, progress=progress,
+                      resources=resources, close=close, runners=RUNNERS)

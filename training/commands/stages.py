@@ -16,8 +16,7 @@ from wim.rundir import RunDir
 def stage_command(args: argparse.Namespace) -> int:
     """`wim run` or one stage (`wim judge CONFIG|DIR`, ...): the data stages are data_gen's,
     `run` and `train` training's."""
-    from data_gen.pipeline import DATA_STAGES, Resources
-    from data_gen.pipeline import run_stages as run_data_stages
+    from data_gen.pipeline import DATA_STAGES, Resources, run_stages
     from data_gen.stages import Shard
 
     cfg, out = resolve(args)
@@ -35,11 +34,11 @@ def stage_command(args: argparse.Namespace) -> int:
         # --skip-train stops after the pairs: nothing trained, so nothing to evaluate either.
         stages = tuple(s for s in STAGES if not (args.skip_train and s in ("train", "eval")))
     elif args.command in DATA_STAGES:
-        runner, stages = run_data_stages, (args.command,)
-    else:
-        from training.run import run_stages
-
         runner, stages = run_stages, (args.command,)
+    else:
+        from training.run import run_stages_with_training
+
+        runner, stages = run_stages_with_training, (args.command,)
     resources = Resources(cfg)
     if {"generate", "judge"} & set(stages):
         resources.check_inputs()  # a bad prompts file fails before the run directory is touched

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from wim.statistics import holm
+
 GRID_DECIMALS = 9
 """Differences are rounded to this many decimals before testing (see `paired_test`)."""
 
@@ -52,17 +54,13 @@ def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
     return out
 
 
-def holm(results: dict[str, dict]) -> dict[str, dict]:
+def add_p_holm(results: dict[str, dict]) -> dict[str, dict]:
     """Add `p_holm` to each result with a p-value (Holm over those), in place; returns it."""
-    from statsmodels.stats.multitest import multipletests
-
     keys = [k for k, r in results.items() if r.get("p") is not None]
     for r in results.values():
         r["p_holm"] = None
-    if keys:
-        _, adjusted, _, _ = multipletests([results[k]["p"] for k in keys], method="holm")
-        for k, p in zip(keys, adjusted, strict=True):
-            results[k]["p_holm"] = float(p)
+    for k, p in zip(keys, holm([results[k]["p"] for k in keys]), strict=True):
+        results[k]["p_holm"] = p
     return results
 
 
@@ -77,7 +75,7 @@ def compare_policies(scores: dict[str, list[float | None]], baseline: str,
                  if x is not None and y is not None]
         results[f"{name} vs {baseline}"] = paired_test([p[0] for p in pairs],
                                                        [p[1] for p in pairs], test)
-    return holm(results)
+    return add_p_holm(results)
 
 
 def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[str, dict]:
@@ -102,7 +100,7 @@ def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[
                                                                                 strict=True)],
         "interaction": [(a - b) - (c - d) for a, b, c, d in zip(sd, sc, xd, xc, strict=True)],
     }
-    return holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
+    return add_p_holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
 
 
 # What must be equal in the two arms of the 2x2: anything else would be a confound.

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from wim.refine.analysis import (
+    add_p_holm,
     compare_policies,
-    holm,
     interaction_2x2,
     interaction_from_summaries,
     paired_test,
@@ -41,7 +41,7 @@ def test_no_interaction_when_the_stopping_effect_is_the_same_for_both_evaluators
 
 
 def test_holm_by_hand():
-    res = holm({"a": {"p": 0.01}, "b": {"p": 0.04}, "c": {"p": 0.03}, "d": {"p": None}})
+    res = add_p_holm({"a": {"p": 0.01}, "b": {"p": 0.04}, "c": {"p": 0.03}, "d": {"p": None}})
     # sorted 0.01, 0.03, 0.04 -> 0.03, max(0.06, 0.03), max(0.04, 0.06) = 0.03, 0.06, 0.06
     assert res["a"]["p_holm"] == pytest.approx(0.03)
     assert res["c"]["p_holm"] == pytest.approx(0.06)
