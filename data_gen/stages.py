@@ -204,7 +204,7 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     samples = RecordIndex(run.samples)
     if not len(samples):
         run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
-    done, failed = _final_judgements(run)
+    done, failed = _judged_keys(run)
     batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, tokens, lost = time.perf_counter(), 0, 0
     bar = _bar(sum(samples.sample_count(p.id) for _, batch in batches for p in batch), "judge",
@@ -254,26 +254,12 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     return stats
 
 
-def _is_backend_failure(record: dict[str, Any]) -> bool:
-    return not record["parse_ok"] and str(record.get("parse_error") or "").startswith(
-        "backend failed")
-
-
-def _final_judgements(run: RunDir) -> tuple[KeySet, int]:
-    """The keys of the judgements to keep and how many of them failed to parse. Older
-    versions recorded backend failures as parse failures; those are dropped from the file
-    (rewritten, streaming) so that they are judged again."""
-    keys, failed, stale = KeySet(), 0, 0
+def _judged_keys(run: RunDir) -> tuple[KeySet, int]:
+    """The keys of the judgements already written and how many of them failed to parse."""
+    keys, failed = KeySet(), 0
     for _, r in iter_keyed(run.judgements):
-        if _is_backend_failure(r):
-            stale += 1
-            continue
         keys.add(record_key(r))
         failed += not r["parse_ok"]
-    if stale:
-        logger.info("%d judgements lost to backend failures will be judged again", stale)
-        write_records_atomic(run.judgements, (r for _, r in iter_keyed(run.judgements)
-                                              if not _is_backend_failure(r)))
     return keys, failed
 
 

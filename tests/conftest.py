@@ -352,14 +352,14 @@ def write_pair_rows(path: Path, pairs, swap: bool = False) -> None:
 
 def train_small_adapter(out: Path, swap: bool = False) -> Path:
     """A real DPO run on the bundled model (6 steps, high learning rate): `out/adapter`."""
-    from training.dpo import train_dpo
+    from training.dpo import train_dpo_model
     from wim.config import load_config
 
     cfg = load_config(QUICKSTART, ["dpo.learning_rate=5e-3", "dpo.max_steps=6",
                                    "dpo.per_device_train_batch_size=4", "dpo.max_length=64",
                                    "dpo.beta=0.1"])
     write_pair_rows(out / "pairs.jsonl", GOOD_VS_GARBAGE, swap=swap)
-    train_dpo(cfg, out / "pairs.jsonl", out / "train", progress=False)
+    train_dpo_model(cfg, out / "pairs.jsonl", out / "train", progress=False)
     return out / "train" / "adapter"
 
 

@@ -33,21 +33,6 @@ logger = logging.getLogger(__name__)
 TRL_COLUMNS = ["prompt", "chosen", "rejected"]
 
 
-def train_dpo(
-    cfg: Config,
-    pairs_path: str | Path,
-    out_dir: str | Path,
-    *,
-    model_name: str | None = None,
-    progress: bool = True,
-    resume_key: str | None = None,
-) -> dict[str, float | int]:
-    """Train a LoRA adapter with DPO on the pairs (loading the model) and save it to
-    `out_dir/adapter`; see `train_dpo_model` for what is written and returned."""
-    return train_dpo_model(cfg, pairs_path, out_dir, model_name=model_name, progress=progress,
-                           resume_key=resume_key)[0]
-
-
 def train_dpo_model(
     cfg: Config,
     pairs_path: str | Path,

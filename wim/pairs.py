@@ -15,7 +15,7 @@ import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from wim.config import PairsConfig
@@ -32,7 +32,6 @@ class PairCounts:
     ties_dropped: int = 0
     ties_kept_first: int = 0
     ties_kept_random: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, int]:
         return {

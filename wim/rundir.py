@@ -188,7 +188,7 @@ class RunDir:
         """Create the folder or check that it holds a run of the same data config."""
         meta = self.read_meta()
         if meta is not None:
-            old = config_from_dict(_legacy_dtype(meta["config"]), source=str(self.config_file))
+            old = config_from_dict(meta["config"], source=str(self.config_file))
             if identity(old) != identity(cfg) or meta.get("shard") != shard:
                 changed = _changed_keys(identity(old), identity(cfg))
                 if meta.get("shard") != shard:
@@ -313,16 +313,6 @@ def _busy_message(folder: Path, lock_file: Path) -> str:
         "time. Wait for it to finish (or stop it), then run this command again; nothing was "
         "written by this one."
     )
-
-
-def _legacy_dtype(data: dict) -> dict:
-    """A config saved before dtypes existed computed as `auto` did then: bfloat16 on CUDA,
-    float32 on every CPU."""
-    policy = data.get("policy") or {}
-    if "dtype" in policy:
-        return data
-    return {**data, "policy": {**policy,
-                               "dtype": "bfloat16" if machine().cuda else "float32"}}
 
 
 def _dtype_advice(changed: list[str], old: Config, new: Config, meta: dict) -> str:

@@ -8,7 +8,7 @@
 - judging: the quickstart's fixed judge (wim mode, guided format, batch 32, <= 32 new tokens,
   greedy, no retries) on the float32 answers; judgements/s, and the share of the judgements
   whose raw text is identical in both dtypes.
-- DPO: `training.dpo.train_dpo` with the quickstart's DPO and LoRA settings on the pairs of a
+- DPO: `training.dpo.train_dpo_model` with the quickstart's DPO and LoRA settings on the pairs of a
   quickstart run, `--steps` steps in each dtype (float32 weights; bfloat16: mixed precision,
   float32 LoRA weights); wall seconds of the whole call, s/step and the loss curves.
 - DPO's reference pass (`--ref-steps` steps each): TRL's per-step reference forward (the
@@ -203,7 +203,7 @@ def time_judging(dtypes: list[str], items: list[tuple[str, str]]) -> list[str]:
 
 def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str,
            attention: str = "auto", without: str = "") -> dict:
-    """One `train_dpo` on the pairs; returns its metrics, loss curve and wall seconds.
+    """One `train_dpo_model` on the pairs; returns its metrics, loss curve and wall seconds.
     attention "sdpa": training keeps SDPA (training/cpu_attention.py switched off).
     without "cpu_logprobs": TRL's log-probability kernel
     (`ChunkedLogProbFunction`) at the same tiles in place of training/cpu_logprobs.py."""
@@ -213,7 +213,7 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
     import training.cpu_logprobs
     import training.dpo
     from training.cpu_attention import training_attention
-    from training.dpo import train_dpo
+    from training.dpo import train_dpo_model
     from wim.config import load_config
 
     training.dpo.training_attention = (training_attention if attention == "auto" else
@@ -229,7 +229,7 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
     cfg = load_config(QUICKSTART, overrides)
     with tempfile.TemporaryDirectory() as out:
         start, cpu_start = time.perf_counter(), time.process_time()
-        metrics = train_dpo(cfg, pairs, out, progress=False)
+        metrics, _ = train_dpo_model(cfg, pairs, out, progress=False)
         seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
         history = json.loads((Path(out) / "log_history.json").read_text())
     losses = [h["loss"] for h in history if "loss" in h]

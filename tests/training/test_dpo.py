@@ -1,4 +1,4 @@
-"""train_dpo end to end on the bundled SmolLM2-135M, plus its two early errors."""
+"""train_dpo_model end to end on the bundled SmolLM2-135M, plus its two early errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from training.dpo import train_dpo
+from training.dpo import train_dpo_model
 from wim.config import Config, ConfigError
 from wim.errors import InputError
 
@@ -65,7 +65,7 @@ def test_train_dpo_saves_adapter_and_metrics(tmp_path):
     write_pairs(pairs)
     out = tmp_path / "train"
 
-    metrics = train_dpo(small_config(), pairs, out, progress=False)
+    metrics, _ = train_dpo_model(small_config(), pairs, out, progress=False)
 
     adapter = out / "adapter"
     assert (adapter / "adapter_config.json").is_file()
@@ -84,7 +84,7 @@ def test_zero_pairs_raise_a_clear_error(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("")
     with pytest.raises(InputError, match="no preference pairs to train on: every prompt tied"):
-        train_dpo(small_config(), pairs, tmp_path / "train")
+        train_dpo_model(small_config(), pairs, tmp_path / "train")
 
 
 def test_unknown_extra_key_is_named(tmp_path):
@@ -94,7 +94,7 @@ def test_unknown_extra_key_is_named(tmp_path):
     # max_prompt_length was a DPOConfig field in older TRL; 1.16 has max_length only.
     cfg.dpo.extra = {"warmup_steps": 1, "max_prompt_length": 64}
     with pytest.raises(ConfigError, match="'max_prompt_length' is not a trl.DPOConfig field"):
-        train_dpo(cfg, pairs, tmp_path / "train")
+        train_dpo_model(cfg, pairs, tmp_path / "train")
 
 
 def test_extra_key_that_shadows_a_dpo_field_is_refused(tmp_path):
@@ -103,7 +103,7 @@ def test_extra_key_that_shadows_a_dpo_field_is_refused(tmp_path):
     cfg = small_config()
     cfg.dpo.extra = {"beta": 0.5}
     with pytest.raises(ConfigError, match="'beta' has its own key; set dpo.beta instead"):
-        train_dpo(cfg, pairs, tmp_path / "train")
+        train_dpo_model(cfg, pairs, tmp_path / "train")
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ def test_bfloat16_lora_layers_train_on_their_input_uncast(tmp_path, monkeypatch)
                                 lambda model, args: contextlib.nullcontext())
         casts.clear()
         out = tmp_path / f"uncast-{uncast}"
-        metrics = train_dpo(cfg, pairs, out, progress=False)
+        metrics, _ = train_dpo_model(cfg, pairs, out, progress=False)
         assert metrics["train/compute_dtype"] == "bfloat16"
         history = json.loads((out / "log_history.json").read_text())
         runs[uncast] = ([h["loss"] for h in history if "loss" in h],

@@ -134,21 +134,6 @@ def test_a_resumed_run_refuses_the_dtype_this_machine_would_pick(tmp_path, monke
     assert RunDir(out).read_meta()["config"]["policy"]["dtype"] == "bfloat16"
 
 
-def test_a_run_saved_before_dtypes_existed_was_float32_on_a_cpu(tmp_path, monkeypatch) -> None:
-    import yaml
-
-    _on(monkeypatch, AVX2)
-    run = RunDir(tmp_path / "run")
-    run.claim(load_config(QUICKSTART))
-    meta = run.read_meta()
-    del meta["config"]["policy"]["dtype"]
-    run.config_file.write_text(yaml.safe_dump(meta))
-    _on(monkeypatch, ZEN4)
-    with pytest.raises(RunDirError, match="policy.dtype float32 -> bfloat16"):
-        run.claim(load_config(QUICKSTART))
-    run.claim(load_config(QUICKSTART, ["policy.dtype=float32"]))
-
-
 def test_training_resolves_auto_where_it_runs_and_keeps_an_explicit_dtype(tmp_path,
                                                                          monkeypatch) -> None:
     """A directory made where `auto` meant float32 (pinned so for its samples and judgements)
