@@ -73,11 +73,13 @@ def _cos(a: str, b: str) -> float:
     return float(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb))
 
 
-def test_similarities_come_from_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("concurrency", ["2", "auto"])
+def test_similarities_come_from_the_server(tmp_path: Path, concurrency: str) -> None:
     server = EmbeddingServer()
     try:
         out = _run(tmp_path, 20)
-        run_wim(["score", str(out), *_http(server.url)])
+        run_wim(["score", str(out), *_http(server.url),
+                 *sets([f"scoring.http.concurrency={concurrency}"])])
     finally:
         server.close()
     scores = read_records(out / "scores.jsonl")

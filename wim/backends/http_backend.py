@@ -69,20 +69,24 @@ class HTTPBackend(Backend):
         base_urls: list[str],
         model: str,
         api_key_env: str = "WIM_API_KEY",
-        concurrency: int = 8,
+        concurrency: int | str = 8,
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
         context_tokens: int | None = None,
+        **limits,
     ) -> None:
+        # limits: max_concurrency, requests_per_minute, tokens_per_minute (HTTPClient's)
         self._client = HTTPClient(base_urls, api_key_env=api_key_env, concurrency=concurrency,
                                   timeout_s=timeout_s, max_retries=max_retries,
-                                  backoff_s=backoff_s)
+                                  backoff_s=backoff_s, **limits)
         self.base_urls = self._client.base_urls
         self.model = model
         self.api_key_env = api_key_env
         self.concurrency = concurrency
-        self.max_in_flight = concurrency
+        # Under auto, enough work is queued for the most it may reach.
+        self.max_in_flight = (self._client.max_concurrency if concurrency == "auto"
+                              else concurrency)
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -101,15 +105,8 @@ class HTTPBackend(Backend):
             f"timeout_s={self.timeout_s}, max_retries={self.max_retries})"
         )
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        params: SamplingParams,
-        *,
-        n: int = 1,
-        seed: int = 0,
-        prefill: str | None = None,
-    ) -> list[list[Completion]]:
+    def generate(self, conversations: list[Conversation], params: SamplingParams, *, n: int = 1,
+                 seed: int = 0, prefill: str | None = None) -> list[list[Completion]]:
         if prefill:
             raise ValueError("the http backend cannot prefill the assistant turn")
         return self._client.run(self._client.gather(

@@ -10,10 +10,15 @@ when any request finishes, the next one waiting, from whichever caller, starts. 
 served first come, first served: a stage's earlier batches go first.
 
 Each attempt holds a slot; a backoff does not. A request that fails with a connect error, a
-dropped connection, a timeout, 429, 5xx or a body its `parse` calls malformed is retried, with
-exponential backoff, on the next base URL; other 4xx are not. After `max_retries` retries it
+dropped connection, a timeout, 5xx or a body its `parse` calls malformed is retried, with
+exponential backoff, on the next base URL; 4xx are not. After `max_retries` retries it
 comes back as a `Failure`: nothing here raises for a request, and every attempt has a deadline
 (`timeout_s` for the whole reply, so a server that trickles bytes cannot hold a slot).
+
+Rate limits (`Limits`, http_limits.py) hold the whole client: a 429 pauses every request
+until the server's `Retry-After`, then it is sent again, not as a retry (so a 429 never costs
+a record, unless it says `insufficient_quota`); the per-minute budgets pace the sends; under
+`concurrency="auto"` each URL has its own limit and a request goes to the freest.
 
 A base URL that refuses connections (or cannot be reached) is marked down for a cooldown (2 s,
 doubling while it stays down, at most 60 s) and requests go round-robin over the others. A
@@ -25,7 +30,8 @@ down, requests go round-robin over all of them and wait out their backoffs, as w
 Counts (`stats`, flat names without slashes: the stages report them as `http/<role>/<name>`):
 `requests` (attempts sent), `retries`, `failures` (requests given up), `failovers`, and per
 base URL, by its position in the list: `url<i>_requests`, `url<i>_errors` (attempts that failed
-there), `url<i>_down` (times it was marked down).
+there), `url<i>_down` (times it was marked down); `Limits` adds `rate_limited` (429s met),
+`concurrency_limit` (the cap; under `auto` the one it settled on) and `url<i>_limit`.
 
 The API key is read once from an environment variable and appears only in the Authorization
 header: never in reprs, errors or logs (`scrub` removes it from any text a server echoes).
@@ -45,6 +51,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from wim.backends.http_limits import Limits
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -63,12 +71,14 @@ class Failure:
 
     reason: str
     retry: bool = False
-    """Worth another attempt (timeout, connection, 429, 5xx, malformed body)."""
+    """Worth another attempt (timeout, connection, 5xx, malformed body)."""
     repeat: bool = False
     """Send again at once, not counted as an attempt (the caller changed the payload)."""
     connection: bool = False
     """No connection (refused, unreachable): the request reached no server, so another URL
     may take it at once."""
+    rate_limited: bool = False
+    """A 429: sent again after the pause it set, not counted as an attempt."""
 
 
 Parse = Callable[[int, bytes, str], Any]
@@ -76,9 +86,10 @@ Parse = Callable[[int, bytes, str], Any]
 
 
 def http_failure(status: int, body: bytes, url: str) -> Failure:
-    """The failure of a reply with a status other than 200: 429 and 5xx are retried."""
+    """The failure of a reply with a status other than 200: 5xx are retried (a 429 reaches
+    `parse` only when it says `insufficient_quota`: waiting does not end that)."""
     snippet = body[:BODY_SNIPPET].decode("utf-8", errors="replace")
-    return Failure(f"HTTP {status} from {url}: {snippet}", retry=status == 429 or status >= 500)
+    return Failure(f"HTTP {status} from {url}: {snippet}", retry=status >= 500)
 
 
 def parse_json(status: int, body: bytes, url: str) -> dict | Failure:
@@ -99,25 +110,28 @@ def parse_json(status: int, body: bytes, url: str) -> dict | Failure:
 
 class HTTPClient:
     """POSTs of JSON to `base_urls` (each ending in `/v1`), at most `concurrency` at once over
-    all of them, with retries (module docstring). Thread-safe; `close()` when done."""
+    all of them ("auto": found from the replies, at most `max_concurrency`), within the
+    per-minute budgets, with retries (module docstring). Thread-safe; `close()` when done."""
 
     def __init__(
         self,
         base_urls: list[str] | str,
         api_key_env: str = "WIM_API_KEY",
-        concurrency: int = 8,
+        concurrency: int | str = 8,
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
         cooldown_s: float = COOLDOWN_S,
+        max_concurrency: int = 256,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
     ) -> None:
         if isinstance(base_urls, str):
             base_urls = [base_urls]
         if not base_urls:
             raise ValueError("an HTTP client needs at least one base URL")
-        if concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError("an HTTP client needs concurrency >= 1, timeout_s > 0, "
-                             "max_retries >= 0, backoff_s >= 0")
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+            raise ValueError("an HTTP client needs timeout_s > 0, max_retries >= 0, backoff_s >= 0")
         self.base_urls = [u.rstrip("/") for u in base_urls]
         self.api_key_env = api_key_env
         self.concurrency = concurrency
@@ -125,18 +139,20 @@ class HTTPClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.cooldown_s = cooldown_s
+        self.max_concurrency = max_concurrency
         self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0,
                                       "failovers": 0}
         for i in range(len(self.base_urls)):
             self.stats.update({f"url{i}_requests": 0, f"url{i}_errors": 0, f"url{i}_down": 0})
         self._keys = [(f"url{i}_requests", f"url{i}_errors") for i in range(len(self.base_urls))]
         # Everything below is touched only on the loop's thread: no locks.
+        self._limits = Limits(len(self.base_urls), concurrency, max_concurrency,
+                              requests_per_minute, tokens_per_minute, self.stats, self._backoff)
         self._next = 0  # round-robin position
         self._down_until: list[float | None] = [None] * len(self.base_urls)  # None: up
         self._down_streak = [0] * len(self.base_urls)
         self._failed = 0
         self._jitter = random.Random()  # spreads retries only; never touches results
-        self._slots: asyncio.Semaphore | None = None
         self._session = None
         key = os.environ.get(api_key_env) or ""
         self._secret = key
@@ -200,6 +216,8 @@ class HTTPClient:
             index, outcome = await self._attempt(path, payload, parse, after=index)
             if not isinstance(outcome, Failure):
                 return outcome
+            if outcome.rate_limited:  # the whole client waits (see _send); then again
+                continue
             if (outcome.connection and hops < len(self.base_urls) - 1
                     and self._another_up(index)):
                 # It never reached a server: a URL that is up takes it at once, and it is not
@@ -231,31 +249,46 @@ class HTTPClient:
         """(URL index, outcome) of one attempt in one slot. The URL is picked once the slot is
         free, so that a URL found down meanwhile is not sent to; a `repeat` (the caller
         changed its payload) is sent again in the same slot, at once."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.concurrency)
-        async with self._slots:
+        await self._limits.acquire()
+        index = None
+        try:
             index = self._pick(after)
+            self._limits.busy[index] += 1
             while True:
                 data = payload() if callable(payload) else payload
                 if data is None:
                     return index, None
-                outcome = await self._send(index, self.base_urls[index] + path, data, parse)
+                cost = await self._limits.pace(data)
+                outcome = await self._send(index, self.base_urls[index] + path, data, parse,
+                                           cost)
                 if not (isinstance(outcome, Failure) and outcome.repeat):
                     return index, outcome
+        finally:
+            if index is not None:
+                self._limits.busy[index] -= 1
+            self._limits.slots.release()
 
-    async def _send(self, index: int, url: str, data: dict, parse: Parse) -> Any:
+    async def _send(self, index: int, url: str, data: dict, parse: Parse,
+                    cost: int | None = None) -> Any:
         import aiohttp
 
         requests_key, errors_key = self._keys[index]
         self.stats["requests"] += 1
         self.stats[requests_key] += 1
+        epoch = self._limits.epoch(index)
         start = time.monotonic()
         try:
             session = self._session or self._open()
             async with session.post(url, data=json.dumps(data).encode(),
                                     headers=self._headers) as response:
                 status, reply = response.status, await response.read()
-            outcome = parse(status, reply, url)
+                headers = response.headers
+            self._limits.heed(self.base_urls[index], index, epoch, status, headers, reply, cost,
+                              time.monotonic() - start)
+            if status == 429 and b"insufficient_quota" not in reply:
+                outcome = Failure(http_failure(status, reply, url).reason, rate_limited=True)
+            else:
+                outcome = parse(status, reply, url)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             outcome = Failure(f"{type(exc).__name__} from {url}: {exc}", retry=True,
                               connection=True)
@@ -290,23 +323,28 @@ class HTTPClient:
 
     def _pick(self, after: int | None = None) -> int:
         """The URL for an attempt: the next one up in round-robin order (after `after` for a
-        retry), or a down one whose cooldown has passed (one probe per cooldown); when all
-        are down and cooling, plain round-robin."""
+        retry; under auto, of those up the one with the most free slots of its own limit), or
+        a down one whose cooldown has passed (one probe per cooldown); when all are down and
+        cooling, plain round-robin."""
         n = len(self.base_urls)
         if after is None:
             start, self._next = self._next, self._next + 1
         else:
             start = after + 1
         now = time.monotonic()
+        limits, best = self._limits, None
         for k in range(n):
             i = (start + k) % n
             until = self._down_until[i]
             if until is None:
-                return i
-            if until <= now:
+                if not limits.auto:
+                    return i
+                if best is None or limits.room(i) > limits.room(best):
+                    best = i
+            elif until <= now:
                 self._down_until[i] = now + self._cooldown(i)
                 return i
-        return start % n
+        return start % n if best is None else best
 
     def _another_up(self, index: int) -> bool:
         return any(until is None for i, until in enumerate(self._down_until) if i != index)

@@ -14,7 +14,7 @@ from wim.config.sampling import SOURCE_COLUMN_KEYS
 from wim.errors import ConfigError
 
 _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_new_tokens",
-             "judge.batch_size", "scoring.batch_size", "http.concurrency", "lora.r",
+             "judge.batch_size", "scoring.batch_size", "http.max_concurrency", "lora.r",
              "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
              "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout",
              "training.rounds", "training.online_max_new_tokens")
@@ -42,9 +42,13 @@ def validate(cfg, source: str = "config") -> None:
     for key in _POSITIVE:
         if _get(cfg, key) <= 0:
             fail(key, "be positive", _get(cfg, key))
+    if cfg.http.concurrency != "auto" and cfg.http.concurrency <= 0:
+        fail("http.concurrency", "be positive or 'auto'", cfg.http.concurrency)
     for key, cap in (("generation.max_prompt_tokens", cfg.generation.max_prompt_tokens),
                      ("judge.max_input_tokens", cfg.judge.max_input_tokens),
-                     ("http.context_tokens", cfg.http.context_tokens)):
+                     ("http.context_tokens", cfg.http.context_tokens),
+                     ("http.requests_per_minute", cfg.http.requests_per_minute),
+                     ("http.tokens_per_minute", cfg.http.tokens_per_minute)):
         if cap is not None and cap <= 0:
             fail(key, "be positive or null", cap)
     if cfg.dpo.save_steps < 0:
@@ -130,8 +134,9 @@ def _validate_combinations(cfg, fail) -> None:
         fail("http.base_urls", "list at least one URL when judge.backend is 'http' (or set "
              "judge.http.base_urls)", cfg.http.base_urls)
     for name, section in (("judge", own), ("scoring", cfg.scoring.http), ("blind", cfg.blind.http)):
-        for key in ("concurrency", "timeout_s", "context_tokens"):
-            if getattr(section, key) is not None and getattr(section, key) <= 0:
+        for key in ("concurrency", "timeout_s", "context_tokens", "max_concurrency",
+                    "requests_per_minute", "tokens_per_minute"):
+            if getattr(section, key) not in (None, "auto") and getattr(section, key) <= 0:
                 fail(f"{name}.http.{key}", "be positive or null", getattr(section, key))
 
 

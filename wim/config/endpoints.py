@@ -18,12 +18,21 @@ class HTTPConfig:
     """Model name sent in each request (the server's name for it)."""
     api_key_env: str = "WIM_API_KEY"
     """Environment variable holding the API key; the key itself never goes into a config."""
-    concurrency: int = 8
-    """Requests in flight at once, over all URLs."""
+    concurrency: int | Literal["auto"] = 8
+    """Requests in flight at once, over all URLs. `auto`: found from the replies, per URL
+    (start low, grow while latency holds, back off on 429, 503 or rising latency)."""
+    max_concurrency: int = 256
+    """With `concurrency: auto`, the most requests in flight it may reach."""
+    requests_per_minute: float | None = None
+    """A budget of requests a minute over all URLs, sent at an even pace; null: none."""
+    tokens_per_minute: float | None = None
+    """A budget of tokens a minute over all URLs: each request counts its prompt (characters
+    / 4) plus `max_tokens` before it goes, corrected by the reply's `usage`; null: none."""
     timeout_s: float = 60.0
     """Seconds to wait for one reply before it counts as a timeout (and is retried)."""
     max_retries: int = 4
-    """Retries with exponential backoff on timeouts, 429 and 5xx."""
+    """Retries with exponential backoff on timeouts and 5xx. A 429 is not one: every request
+    pauses until the server's `Retry-After` / `x-ratelimit-reset-*`, then it goes again."""
     context_tokens: int | None = None
     """The server model's context length, if known. Without a tokenizer, a prompt's length is
     estimated as characters / 3 (on the safe side); null: no check, the server decides."""
@@ -52,8 +61,14 @@ class EndpointConfig:
     `blind.model`) where it has one, else `http.model`."""
     api_key_env: str | None = None
     """Environment variable holding this server's API key; null: `http.api_key_env`."""
-    concurrency: int | None = None
-    """Requests in flight at once; null: `http.concurrency`."""
+    concurrency: int | Literal["auto"] | None = None
+    """Requests in flight at once, or `auto`; null: `http.concurrency`."""
+    max_concurrency: int | None = None
+    """The most in flight under `auto`; null: `http.max_concurrency`."""
+    requests_per_minute: float | None = None
+    """This section's request budget a minute; null: `http.requests_per_minute`."""
+    tokens_per_minute: float | None = None
+    """This section's token budget a minute; null: `http.tokens_per_minute`."""
     timeout_s: float | None = None
     """Seconds per reply; null: `http.timeout_s`."""
     max_retries: int | None = None

@@ -45,7 +45,18 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         if optional:
             return None
         raise ConfigError(f"{source}: '{key}' may not be null.")
-    base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    members = [a for a in get_args(hint) if a is not type(None)] if optional else [hint]
+    if len(members) == 1 and get_origin(members[0]) in (Union, types.UnionType):
+        members = list(get_args(members[0]))
+    if len(members) > 1:  # e.g. int | Literal["auto"]: the first member that takes the value
+        for member in members:
+            try:
+                return _coerce(member, value, key, source)
+            except ConfigError:
+                pass
+        allowed = " or ".join(_describe(m) for m in members)
+        raise ConfigError(f"{source}: '{key}' must be {allowed}, got {value!r}.")
+    base = members[0]
     if get_origin(base) is Literal:
         if value not in get_args(base):
             allowed = ", ".join(map(str, get_args(base)))
@@ -68,6 +79,12 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         return [_coerce(get_args(base)[0], item, f"{key}[{i}]", source)
                 for i, item in enumerate(value)]
     return float(value) if origin is float else value
+
+
+def _describe(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return " or ".join(map(repr, get_args(hint)))
+    return f"of type {getattr(get_origin(hint) or hint, '__name__', hint)}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "--set") -> dict:

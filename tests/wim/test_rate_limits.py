@@ -1,0 +1,296 @@
+"""Rate limits of the HTTP driver (wim/backends/http_client.py, http_limits.py), against real
+aiohttp stand-ins on 127.0.0.1 whose limits are scaled down to seconds: a 429 pauses the
+client and costs no record, the per-minute budgets hold, `x-ratelimit-*` headers are obeyed,
+and `concurrency: auto` keeps servers of unknown size busy without queueing at them.
+
+Busy shares and latencies are measured on the server side, over the whole run."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import threading
+import time
+
+import pytest
+
+from wim.backends.http_client import Failure, HTTPClient
+from wim.backends.http_limits import parse_duration, parse_retry_after, server_wait
+from wim.config import config_from_dict, judge_http
+from wim.errors import ConfigError
+
+web = pytest.importorskip("aiohttp.web")
+
+
+def _reply(tokens: int = 0) -> dict:
+    return {"choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": tokens // 2, "completion_tokens": tokens - tokens // 2,
+                      "total_tokens": tokens}}
+
+
+class StandIn:
+    """An OpenAI-style server in a thread of its own: `answer(request_body)` (a coroutine on its
+    loop) gives (status, headers, JSON). Records arrival times of the answered and refused."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.answered: list[float] = []
+        self.refused: list[float] = []
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def handle(request):
+            body = await request.json()
+            arrived = time.monotonic()
+            status, headers, data = await self.answer(body)
+            (self.answered if status == 200 else self.refused).append(arrived)
+            return web.json_response(data, status=status, headers=headers)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Window:
+    """At most `n` requests per fixed window of `window_s`; above that, 429 (with Retry-After
+    to the window's end, or with OpenAI's x-ratelimit headers on every reply)."""
+
+    def __init__(self, n: int, window_s: float, headers: bool = False, tokens: int = 0) -> None:
+        self.n, self.window_s, self.headers, self.tokens = n, window_s, headers, tokens
+        self.start = time.monotonic()
+        self.counts: dict[int, int] = {}
+
+    async def __call__(self, body: dict):
+        now = time.monotonic() - self.start
+        k = int(now // self.window_s)
+        left = (k + 1) * self.window_s - now
+        used = self.counts.get(k, 0)
+        limits = {"x-ratelimit-remaining-requests": str(max(0, self.n - used - 1)),
+                  "x-ratelimit-reset-requests": f"{round(left * 1000)}ms"} if self.headers else {}
+        if used >= self.n:
+            limits["Retry-After"] = str(math.ceil(left))
+            return 429, limits, {"error": {"message": "Rate limit reached", "type": "requests"}}
+        self.counts[k] = used + 1
+        return 200, limits, _reply(self.tokens)
+
+
+def _ask(client: HTTPClient, n: int, **payload) -> list:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], **payload}
+    return client.post_many("/chat/completions", [body] * n)
+
+
+def _rate(times: list[float]) -> float:
+    """Requests a second between the first arrival and the last."""
+    times = sorted(times)
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def test_429_pauses_the_client_and_costs_no_record():
+    """Without a budget the client learns the limit from 429s alone: every request is
+    answered, though `max_retries` is 0, and the 429s are counted."""
+    server = StandIn(Window(n=10, window_s=1.0))
+    client = HTTPClient(server.url, concurrency=4, max_retries=0)
+    try:
+        results = _ask(client, 30)
+    finally:
+        client.close()
+        server.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    assert len(server.answered) == 30 and server.refused
+    assert client.stats["rate_limited"] == len(server.refused)
+    assert client.stats["retries"] == 0 and client.stats["failures"] == 0
+
+
+def test_requests_per_minute_keeps_under_the_servers_limit():
+    """A budget of 90% of the server's limit: sent at an even pace, so hardly a 429 (< 5%)
+    and never above the budget."""
+    server = StandIn(Window(n=10, window_s=1.0))
+    client = HTTPClient(server.url, concurrency=8, max_retries=0, requests_per_minute=540)
+    try:
+        results = _ask(client, 40)
+    finally:
+        client.close()
+        server.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    assert len(server.refused) < 0.05 * 40
+    assert _rate(server.answered + server.refused) <= 9 * 1.05
+
+
+def test_tokens_per_minute_is_corrected_by_usage():
+    """Each request is estimated at 40 chars / 4 + max_tokens 40 = 50 tokens, but the server
+    counts 100 in `usage`: at 60,000 tokens a minute the client settles at 10 requests a second,
+    not the 20 the estimate alone would give."""
+    server = StandIn(Window(n=1000, window_s=1.0, tokens=100))
+    client = HTTPClient(server.url, concurrency=8, tokens_per_minute=60_000)
+    try:
+        results = _ask(client, 30, max_tokens=40)
+    finally:
+        client.close()
+        server.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    assert 7 <= _rate(server.answered[5:]) <= 10 * 1.1
+
+
+def test_ratelimit_headers_are_obeyed():
+    """The server says how many are left and when its window resets ("850ms"): the client
+    waits out the reset when none are left, so it is never refused."""
+    server = StandIn(Window(n=8, window_s=1.0, headers=True))
+    client = HTTPClient(server.url, concurrency=1, max_retries=0)
+    try:
+        results = _ask(client, 24)
+    finally:
+        client.close()
+        server.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    assert server.refused == [] and client.stats["rate_limited"] == 0
+
+
+def test_header_formats():
+    assert parse_duration("1s") == 1.0 and parse_duration("20ms") == 0.02
+    assert parse_duration("6m0s") == 360.0 and parse_duration("1h2m3.5s") == 3723.5
+    assert parse_duration("0.5") == 0.5 and parse_duration("soon") is None
+    later = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 28 <= parse_retry_after(later) <= 31 and parse_retry_after("7") == 7.0
+    spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s",
+             "x-ratelimit-remaining-tokens": "10", "x-ratelimit-reset-tokens": "6m0s"}
+    assert server_wait(spent, refused=False) == 2.0  # only the spent limit's reset
+    assert server_wait({**spent, "x-ratelimit-remaining-requests": "3"}, refused=False) is None
+    assert server_wait({**spent, "Retry-After": "5"}, refused=True) == 5.0
+
+
+class Slotted:
+    """A server of `slots` that serve one request each in `service_s`; the rest queue. Keeps
+    each request's (arrival, start of service, end)."""
+
+    def __init__(self, slots: int, service_s: float) -> None:
+        self.slots, self.service_s = slots, service_s
+        self.spans: list[tuple[float, float, float]] = []
+        self.held = 0
+        self.most = 0
+        self._gate: asyncio.Semaphore | None = None
+
+    async def __call__(self, body: dict):
+        arrived = time.monotonic()
+        self.held += 1
+        self.most = max(self.most, self.held)
+        self._gate = self._gate or asyncio.Semaphore(self.slots)
+        async with self._gate:
+            started = time.monotonic()
+            await asyncio.sleep(self.service_s)
+        self.held -= 1
+        self.spans.append((arrived, started, time.monotonic()))
+        return 200, {}, _reply()
+
+    def busy(self) -> float:
+        """The share of slot time spent serving, from the first arrival to the last end."""
+        first = min(a for a, _, _ in self.spans)
+        last = max(e for _, _, e in self.spans)
+        return sum(e - s for _, s, e in self.spans) / (self.slots * (last - first))
+
+    def latency(self) -> float:
+        return sum(e - a for a, _, e in self.spans) / len(self.spans)
+
+
+def _run(servers: list[Slotted], n: int, **settings) -> HTTPClient:
+    standins = [StandIn(s) for s in servers]
+    client = HTTPClient([s.url for s in standins], max_retries=0, **settings)
+    try:
+        results = _ask(client, n)
+    finally:
+        client.close()
+        for s in standins:
+            s.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    return client
+
+
+def test_auto_concurrency_fills_a_server_without_queueing_at_it():
+    """16 slots of 100 ms, not told: at least 85% busy over the whole run (slow start
+    included), and a mean latency within 25% of a fixed concurrency of 16."""
+    fixed = Slotted(16, 0.1)
+    _run([fixed], 320, concurrency=16)
+    auto = Slotted(16, 0.1)
+    client = _run([auto], 640, concurrency="auto")
+    assert auto.busy() >= 0.85, auto.busy()
+    assert auto.latency() <= 1.25 * fixed.latency(), (auto.latency(), fixed.latency())
+    assert 14 <= client.stats["concurrency_limit"] <= 20
+    assert client.stats["concurrency_limit"] == client.stats["url0_limit"]
+
+
+def test_auto_concurrency_fills_replicas_of_different_sizes():
+    """Two URLs of 6 and 18 slots: each gets its own limit, so both stay busy."""
+    small, large = Slotted(6, 0.1), Slotted(18, 0.1)
+    client = _run([small, large], 1080, concurrency="auto")
+    first = min(a for s in (small, large) for a, _, _ in s.spans)
+    last = max(e for s in (small, large) for _, _, e in s.spans)
+    served = sum(e - st for s in (small, large) for _, st, e in s.spans)
+    assert served / (24 * (last - first)) >= 0.85
+    spans = small.spans + large.spans
+    latency = sum(e - a for a, _, e in spans) / len(spans)
+    assert latency <= 1.25 * 1.05 * 0.1  # a well-set fixed concurrency: 0.1 s and a little
+    assert client.stats["url0_limit"] < client.stats["url1_limit"]
+
+
+def test_auto_concurrency_stays_under_max_concurrency():
+    server = Slotted(16, 0.1)
+    client = _run([server], 120, concurrency="auto", max_concurrency=6)
+    assert server.most <= 6 and client.stats["concurrency_limit"] <= 6
+
+
+def test_config_budgets_are_checked_and_inherited():
+    cfg = config_from_dict({"http": {"base_urls": ["http://h/v1"], "concurrency": "auto",
+                                     "requests_per_minute": 500,
+                                     "tokens_per_minute": 90_000},
+                            "judge": {"role": "external", "backend": "http",
+                                      "http": {"max_concurrency": 32}}})
+    judge = judge_http(cfg)
+    assert (judge.concurrency, judge.max_concurrency) == ("auto", 32)
+    assert (judge.requests_per_minute, judge.tokens_per_minute) == (500, 90_000)
+    for bad in ({"http": {"concurrency": "fast"}}, {"http": {"requests_per_minute": 0}},
+                {"http": {"max_concurrency": 0}}, {"scoring": {"http": {"tokens_per_minute": -1}}},
+                {"scoring": {"http": {"concurrency": "many"}}}):
+        with pytest.raises(ConfigError):
+            config_from_dict(bad)
+
+
+def test_auto_concurrency_does_not_grow_while_a_budget_holds_the_requests():
+    """At 20 requests a second, replies of 100 ms need 2 in flight: requests that wait for the
+    budget are not demand for more slots, so the limit stays where it started."""
+    server = Slotted(16, 0.1)
+    client = _run([server], 40, concurrency="auto", requests_per_minute=1200)
+    assert server.most <= 4 and client.stats["concurrency_limit"] <= 4
+
+
+def test_a_429_for_an_exhausted_quota_is_a_failure():
+    """OpenAI answers 429 `insufficient_quota` when the account has no credit: no wait ends
+    that, so the request fails (after its retries) instead of waiting forever."""
+    async def broke(body: dict):
+        return 429, {}, {"error": {"message": "You exceeded your current quota",
+                                   "type": "insufficient_quota"}}
+
+    server = StandIn(broke)
+    client = HTTPClient(server.url, max_retries=1, backoff_s=0.01)
+    try:
+        [result] = _ask(client, 1)
+    finally:
+        client.close()
+        server.close()
+    assert isinstance(result, Failure) and "insufficient_quota" in result.reason
+    assert len(server.refused) == 1 and client.stats["failures"] == 1

@@ -1,0 +1,396 @@
+"""How fast the HTTP driver (http_client.py) may send: the in-flight gate, the per-minute
+budgets, the server's rate-limit headers and the `concurrency: auto` controller.
+
+Everything here runs on the driver's event loop thread only: no locks.
+
+- `Slots`: a first-come-first-served gate of in-flight requests whose limit may change (an
+  asyncio.Semaphore cannot shrink).
+- `Budget`: `requests_per_minute` / `tokens_per_minute` as an even pace (a generic cell rate
+  algorithm: each request pushes the next free time on by cost / rate), not a bucket that
+  fills for a minute, so no burst breaks a server that enforces its limit over seconds.
+- `server_wait`: what a reply's `Retry-After` and `x-ratelimit-*` headers ask to wait.
+- `AutoLimit`: the in-flight limit of one URL under `concurrency: auto`, a latency gradient
+  (TCP Vegas style) with slow start and a halving on 429 / 503 (docs/design.md says why).
+- `Limits`: all of the above for one client, as the client's `_attempt` uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import re
+import time
+from collections import deque
+
+logger = logging.getLogger("wim.backends.http_client")  # the driver's logger: one to configure
+
+CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb, and how its limiter estimates a prompt
+
+
+def estimated_tokens(payload: dict) -> int:
+    """What a request counts against a token budget before its reply: the prompt's characters
+    / 4 plus every completion token it may produce (`max_tokens` x `n`), as OpenAI's limiter
+    counts it; the reply's `usage` corrects it afterwards."""
+    chars = 0
+    for key in ("messages", "prompt", "input"):
+        chars += _text_chars(payload.get(key))
+    most = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
+    n = payload.get("n") or 1
+    return max(1, chars // CHARS_PER_TOKEN + int(most) * int(n))
+
+
+def _text_chars(value) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for v in value.values())
+    return 0
+
+
+class Slots:
+    """At most `limit` holders at once; waiters are served first come, first served. Setting
+    `limit` lower lets the holders finish; higher wakes waiters at once."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.busy = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._limit = value
+        self._wake()
+
+    def queued(self) -> bool:
+        """Requests wait for a slot: demand is above the limit."""
+        return bool(self._waiters)
+
+    async def acquire(self) -> None:
+        if self.busy < self._limit and not self._waiters:
+            self.busy += 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future  # the releaser counted us in `busy`
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # granted as we were cancelled: pass it on
+            else:
+                self._waiters.remove(future)
+            raise
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.busy < self._limit:
+            future = self._waiters.popleft()
+            if not future.done():
+                self.busy += 1
+                future.set_result(None)
+
+
+class Budget:
+    """`per_minute` units (requests or tokens) as an even pace over all the section's URLs."""
+
+    def __init__(self, per_minute: float) -> None:
+        self.rate = per_minute / 60.0
+        self._free_at = 0.0  # monotonic time from which the next unit may go
+
+    def reserve(self, cost: float) -> float:
+        """Take `cost` units now; the seconds to wait before sending."""
+        now = time.monotonic()
+        start = max(self._free_at, now)
+        self._free_at = start + cost / self.rate
+        return start - now
+
+    def correct(self, delta: float) -> None:
+        """The reply used `delta` units more (or fewer, when negative) than reserved."""
+        self._free_at = max(time.monotonic(), self._free_at + delta / self.rate) \
+            if delta < 0 else self._free_at + delta / self.rate
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str | None) -> float | None:
+    """OpenAI's reset times ("1s", "6m0s", "20ms", "1h2m3.5s"), or plain seconds; None when
+    unreadable."""
+    if not text:
+        return None
+    text = text.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def parse_retry_after(text: str | None) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None when absent or
+    unreadable."""
+    if not text:
+        return None
+    try:
+        return max(0.0, float(text.strip()))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text.strip())
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def server_wait(headers, refused: bool) -> float | None:
+    """Seconds the server asks the section to wait before sending more: for a refusal (429)
+    its `Retry-After`; else the reset of a limit whose remaining count is 0 (the longer of
+    requests and tokens); for a refusal without those, the longer reset. None: none asked."""
+    wait = parse_retry_after(headers.get("Retry-After")) if refused else None
+    if wait is not None:
+        return wait
+    resets, spent = [], []
+    for kind in ("requests", "tokens"):
+        reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}"))
+        if reset is not None:
+            resets.append(reset)
+            if parse_duration(headers.get(f"x-ratelimit-remaining-{kind}", "1")) == 0:
+                spent.append(reset)
+    waits = spent or (resets if refused else [])  # refused, no limit spent: the longer reset
+    return max(waits) if waits else None
+
+
+class AutoLimit:
+    """The in-flight limit of one URL, found from the replies (a latency gradient).
+
+    Each round collects the latencies of `max(limit, 8)` replies sent under the current limit
+    (twice that after slow start; the round after a decrease is not judged: its requests
+    wait behind the old queue; every 8th round the limit drops to 3/4 for a round, to read the
+    unloaded latency again, as BBR's ProbeRTT does);
+    its median over the lowest round median seen (the unloaded latency) is the gradient g,
+    as in TCP Vegas: limit / g estimates how many the server serves without queueing. Slow
+    start doubles the limit each round while g stays under 1.05 and requests wait for slots;
+    after that a round with g < 1.05 adds 10%, g > 1.2 sets limit / g (about what the server
+    serves at once), and between them the limit holds, a queue of up to 20% that keeps the
+    server from idling between replies. A 429 or 503 halves it (once a round). Never below 1
+    nor above `most`.
+    """
+
+    START = 4
+    MIN_ROUND = 8
+    GROW_BELOW = 1.05
+    SHRINK_ABOVE = 1.2
+    PROBE_EVERY = 8
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.limit = min(self.START, most)
+        self.epoch = 0  # bumped on each change: replies sent before it are not counted
+        self._samples: list[float] = []
+        self._floor: float | None = None  # the lowest round mean: the unloaded latency
+        self._slow_start = True
+        self._draining = False  # after a decrease: this round still waits behind the old queue
+        self._rounds = 0  # judged rounds since slow start ended, for the probes
+        self._probing: int | None = None  # the limit to go back to after a probe round
+        self._demand = False  # requests waited for a slot during this round
+
+    @property
+    def settled(self) -> int:
+        """The limit it works at (not the lower one of a probe round)."""
+        return self._probing or self.limit
+
+    def saw_demand(self) -> None:
+        self._demand = True
+
+    def on_reply(self, epoch: int, latency_s: float) -> bool:
+        """A reply sent in `epoch` took `latency_s`; True when the limit changed."""
+        if epoch != self.epoch:
+            return False
+        self._samples.append(latency_s)
+        # A round is one limit's worth of replies in slow start, two after (less noise).
+        if len(self._samples) < max(self.limit * (1 if self._slow_start else 2),
+                                    self.MIN_ROUND):
+            return False
+        if self._draining:  # sent after a decrease, but queued behind what was sent before
+            self._draining = False
+            return self._set(self.limit)
+        if self._probing is not None:  # a round at 3/4 of the limit: the floor, then back
+            mean = sum(self._samples) / len(self._samples)
+            self._floor = min(self._floor, mean)
+            back, self._probing = self._probing, None
+            return self._set(back)
+        self._rounds += not self._slow_start
+        if self._rounds and self._rounds % self.PROBE_EVERY == 0 and self.limit > 1:
+            # The floor may have been read under load (noise, new connections, or a slow
+            # start that jumped past the server's size): measure it again with less in flight.
+            self._probing = self.limit
+            return self._set(self.limit * 3 // 4)
+        # The mean, not a quantile: by Little's law it is limit / throughput, so it rises with
+        # any queue, while a quantile misses a queue that only some requests wait in.
+        mean = sum(self._samples) / len(self._samples)
+        self._floor = mean if self._floor is None else min(self._floor, mean)
+        gradient = mean / self._floor if self._floor > 0 else 1.0
+        limit = self.limit
+        if gradient > self.SHRINK_ABOVE:
+            limit = int(limit / gradient + 0.5)
+            self._slow_start = False
+        elif gradient < self.GROW_BELOW and self._demand:
+            limit = limit * 2 if self._slow_start else limit + max(1, round(0.1 * limit))
+        return self._set(limit)
+
+    def on_refusal(self, epoch: int) -> bool:
+        """A 429 or 503 from this URL to a request sent in `epoch`: halve, once per round."""
+        if epoch != self.epoch:
+            return False
+        self._slow_start = False
+        return self._set(self.limit // 2)
+
+    def _set(self, limit: int) -> bool:
+        limit = max(1, min(self.most, limit))
+        changed = limit != self.limit
+        self._draining = limit < self.limit
+        self.limit = limit
+        self._samples, self._demand = [], False
+        self.epoch += 1
+        return changed
+
+
+class Limits:
+    """The sending limits of one client (one endpoint section) over all its URLs: the in-flight
+    gate, the budgets, the pauses servers ask for and, under auto, each URL's limit. Keeps
+    `rate_limited`, `concurrency_limit` and `url<i>_limit` in the client's `stats`."""
+
+    def __init__(self, urls: int, concurrency: int | str, max_concurrency: int,
+                 requests_per_minute: float | None, tokens_per_minute: float | None,
+                 stats: dict, backoff) -> None:
+        if (concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1)) \
+                or max_concurrency < 1 or any(b is not None and b <= 0 for b in (
+                    requests_per_minute, tokens_per_minute)):
+            raise ValueError("an HTTP client needs concurrency >= 1 or 'auto', max_concurrency "
+                             ">= 1 and positive per-minute budgets")
+        self.max_concurrency = max_concurrency
+        self.auto = [AutoLimit(max_concurrency) for _ in range(urls)] \
+            if concurrency == "auto" else []
+        self.slots = Slots(0 if self.auto else concurrency)
+        self.busy = [0] * urls  # attempts in flight per URL
+        self.stats = stats
+        self.stats["rate_limited"] = 0
+        self._requests = Budget(requests_per_minute) if requests_per_minute else None
+        self._tokens = Budget(tokens_per_minute) if tokens_per_minute else None
+        self._backoff = backoff  # attempt number -> seconds, for a 429 that names no wait
+        self._paused_until = 0.0  # monotonic time: nothing is sent before it
+        self._refused_in_row = 0  # 429s since the last reply that was not one
+        self._waiting = 0  # slots held by requests that wait for a budget or a pause
+        self._set_cap()
+
+    def _demand(self) -> bool:
+        """Requests wait for a slot, and not because the budgets hold the slots: a larger
+        limit would put more in flight."""
+        return self.slots.busy >= self.slots.limit and not self._waiting
+
+    async def acquire(self) -> None:
+        """A slot under the cap (first come, first served)."""
+        if self.auto and self._demand():
+            for auto in self.auto:  # demand is above the cap: worth growing it
+                auto.saw_demand()
+        await self.slots.acquire()
+
+    def room(self, index: int) -> int:
+        """Free slots of a URL's own limit under auto."""
+        return self.auto[index].limit - self.busy[index]
+
+    async def pace(self, data: dict) -> int | None:
+        """Wait until the budgets and any pause let `data` go; its estimated token cost when a
+        token budget is kept."""
+        cost = estimated_tokens(data) if self._tokens else None
+        wait = self._requests.reserve(1) if self._requests else 0.0
+        if self._tokens:
+            wait = max(wait, self._tokens.reserve(cost))
+        self._waiting += 1
+        try:
+            if wait > 0:
+                await asyncio.sleep(wait)
+            while (left := self._paused_until - time.monotonic()) > 0:
+                await asyncio.sleep(left)
+        finally:
+            self._waiting -= 1
+        return cost
+
+    def epoch(self, index: int) -> int:
+        return self.auto[index].epoch if self.auto else 0
+
+    def heed(self, url: str, index: int, epoch: int, status: int, headers, reply: bytes,
+             cost: int | None, latency_s: float) -> None:
+        """What a reply tells the limits: a pause the server asks for, the tokens it counted,
+        and (under auto) the latency or refusal of this URL."""
+        refused = status == 429
+        wait = server_wait(headers, refused)
+        if refused:
+            self.stats["rate_limited"] += 1
+            self._refused_in_row += 1
+            if wait is None:  # no header says how long: back off as for a retry
+                wait = self._backoff(self._refused_in_row)
+        else:
+            self._refused_in_row = 0
+        if wait and time.monotonic() + wait > self._paused_until:
+            self._paused_until = time.monotonic() + wait
+            if refused:
+                logger.info("rate limited by %s: pausing %.1f s", url, wait)
+        if self._tokens and cost is not None and status == 200:
+            used = usage_tokens(reply)
+            if used is not None:
+                self._tokens.correct(used - cost)
+        if not self.auto:
+            return
+        auto = self.auto[index]
+        if refused or status == 503:
+            changed = auto.on_refusal(epoch)
+        elif status == 200:
+            if self.slots.queued() and not self._waiting:
+                auto.saw_demand()
+            changed = auto.on_reply(epoch, latency_s)
+        else:
+            changed = False
+        if changed:
+            self._set_cap()
+
+    def _set_cap(self) -> None:
+        """The in-flight cap: fixed, or under auto the sum of the URLs' limits."""
+        if not self.auto:
+            self.stats["concurrency_limit"] = self.slots.limit
+            return
+        self.slots.limit = min(self.max_concurrency, sum(a.limit for a in self.auto))
+        for i, auto in enumerate(self.auto):
+            self.stats[f"url{i}_limit"] = auto.settled
+        self.stats["concurrency_limit"] = min(self.max_concurrency,
+                                              sum(a.settled for a in self.auto))
+
+
+def usage_tokens(reply: bytes) -> int | None:
+    """The tokens a reply's `usage` counts (total, else prompt + completion), if it has one."""
+    try:
+        usage = json.loads(reply).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(usage, dict):
+        return None
+    total = usage.get("total_tokens")
+    if isinstance(total, int):
+        return total
+    parts = [p for p in (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+             if isinstance(p, int)]
+    return sum(parts) if parts else None
