@@ -103,4 +103,5 @@ class PairsConfig:
 @dataclass
 class ExportConfig:
     push_to_hub: str | None = None
-    """Hub repo id to push the pairs dataset to (needs network and a token)."""
+    """Hub repo id to push DIR/dataset/ to: the pairs (config `default`) and every judged
+    response (config `completions`), with the card (needs network and a token)."""
