@@ -24,19 +24,6 @@ from wim.rundir import RunDir
 AGREEMENT_FILE = "agreement.json"
 
 
-def label_pairs(scored: list[dict[str, Any]]) -> tuple[list[tuple[dict, dict]], int, str]:
-    """[(chosen record, rejected record)] by the source's labels, the number of prompts whose
-    ratings all tie, and the kind of label (`chosen/rejected`, `ratings` or "")."""
-    pairs, label_ties, kinds = [], 0, set()
-    for records in group_by_prompt(scored).values():
-        pair, kind = label_pair(records)
-        kinds.add(kind)
-        label_ties += kind == "ratings" and pair is None
-        if pair is not None:
-            pairs.append(pair)
-    return pairs, label_ties, " and ".join(sorted(kinds - {""}))
-
-
 def label_pair(records: list[dict[str, Any]]) -> tuple[tuple[dict, dict] | None, str]:
     """One prompt's labelled (chosen, rejected) records, or None, and the kind of label
     (`chosen/rejected`, `ratings`: None means all ratings tie, or "": no labels)."""

@@ -29,7 +29,8 @@ STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
     # The card shows the scoring and judge settings; agreement.json uses validity's zetas.
     "pairs": (("pairs", "export", "card", "scoring", "judge.on_parse_failure",
                "eval.compare_zetas"),
-              ("scores.jsonl",), ("pairs.jsonl", "pairs/README.md", "pairs.README.md")),
+              ("scores.jsonl",),
+              ("pairs.jsonl", "pairs/README.md", "pairs.README.md", "dataset/README.md")),
     "train": (("lora", "dpo", "wandb", "training"), ("pairs.jsonl",),
               ("train/adapter/adapter_model.safetensors",)),
     "eval": (("eval", "blind", "prompts.holdout", "generation"),
@@ -120,7 +121,6 @@ def record_finished(run: RunDir, stage: str, fingerprint: str) -> None:
     try:
         stats = json.loads(path.read_text()) if path.exists() else {}
         stats["fingerprint"] = {"inputs": fingerprint, "outputs": _outputs(run, stage)}
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(stats, indent=2))
+        run.write_stats(stage, stats)
     except OSError as err:
         raise storage_error(err, path) from None

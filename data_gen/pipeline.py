@@ -1,11 +1,12 @@
 """The data stages in one run directory: generate -> judge -> score -> pairs (-> report).
 
 `run_stages` runs named stages in order, skipping those whose config and inputs are unchanged
-since they finished (fingerprints.py). The data stages are defined here (`wim generate`,
-`wim judge`, `wim score`, `wim pairs`, `wim report`); training (training/run.py) adds its own
-stage to the same loop by passing `runners`, so this package never imports training. The policy
-model is loaded once and shared (`Resources`): the fixed judge is the same weights with any
-adapter disabled, and training may train that same object in place.
+since they finished (fingerprints.py). Each data stage is a module with the same entry point,
+`run_stage` (`StageRunner`): generate.py, judge.py, score.py, pairs.py, report.py (`wim
+generate`, ..., `wim report`); training (training/run.py) adds its own stages to the same loop
+by passing `runners`, so this package never imports training. The policy model is loaded
+once and shared (`Resources`): the fixed judge is the same weights with any adapter disabled,
+and training may train that same object in place.
 """
 
 from __future__ import annotations
@@ -14,27 +15,22 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from data_gen import generate, judge, pairs, report, score
 from data_gen.fingerprints import (
     finished_stats,
     input_fingerprint,
     prompts_sha256,
     record_finished,
 )
-from data_gen.score_stage import score_run
-from data_gen.stages import (
-    Shard,
-    export_pairs,
-    generate_samples,
-    judge_samples,
-)
+from data_gen.judge import make_judge
+from data_gen.stages import Shard
 from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
 from wim.backends.adapter_serving import served_http
-from wim.config import Config, judge_http
+from wim.config import Config
 from wim.errors import StageIncomplete
-from wim.holdout import load_split, write_split
-from wim.judges import BackendJudge, configured_judge
+from wim.holdout import load_split
+from wim.judges import BackendJudge
 from wim.models import load_causal_lm
-from wim.report import write_report
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -196,30 +192,6 @@ class Resources:
                 backend.close()
 
 
-def make_judge(cfg: Config, policy) -> BackendJudge:
-    """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
-    j = cfg.judge
-    if j.role == "external" and j.backend == "http":
-        http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
-        backend = open_http_backend(http)
-        name = http.model
-    elif j.role == "external":
-        backend = open_backend(j.backend, j.model, cfg.http, batch_size=j.batch_size,
-                               dtype=j.dtype)
-        name = j.model
-    else:
-        backend = policy()
-        name = cfg.policy.model
-        if j.role == "fixed" and isinstance(backend, TransformersBackend):
-            backend = backend.reference_view(batch_size=j.batch_size)
-        elif j.role == "fixed" and cfg.policy.backend == "http" and cfg.policy.adapter:
-            # The base model's served name: the frozen reference by construction.
-            backend = open_http_backend(cfg.http, cfg.policy.model)
-        elif cfg.policy.adapter:
-            name = f"{name} + adapter {cfg.policy.adapter}"
-    return configured_judge(j, backend, role=j.role, model_name=name)
-
-
 # A stage: (cfg, run, resources, shard, progress, fingerprint) -> its stats.
 StageRunner = Callable[[Config, RunDir, Resources, "Shard | None", bool, str], dict[str, Any]]
 
@@ -230,7 +202,8 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
                runners: Mapping[str, StageRunner] | None = None) -> dict[str, Any]:
     """Run the named stages in order; returns the merged stats (the report when it ran).
     `close`: release the resources' backends at the end (the rounds keep them). `runners`: the
-    stages that can run (default: the data stages, DATA_RUNNERS; training adds "train").
+    stages that can run (default: the data stages, DATA_RUNNERS; training adds "train" and
+    "eval": training/run.py).
 
     A stage whose config and inputs are unchanged since it last finished is skipped (see
     fingerprints.py). Raises StageIncomplete after a stage that lost records to backend failures.
@@ -270,44 +243,9 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
     return stats
 
 
-def _generate(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
-              fingerprint: str) -> dict[str, Any]:
-    if cfg.generation.source is not None:  # existing responses: nothing sampled, no policy
-        from data_gen.sourced import import_samples
-
-        source, sha = res.source()
-        return import_samples(cfg, run, source, sha, shard, progress)
-    write_split(run.path, res.prompts(), res.held_out())
-    return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
-
-
-def _judge(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
-           fingerprint: str) -> dict[str, Any]:
-    return judge_samples(cfg, run, res.batch_prompts(), res.judge(), shard, progress)
-
-
-def _score(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
-           fingerprint: str) -> dict[str, Any]:
-    return score_run(cfg, run, progress=progress)
-
-
-def _pairs(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
-           fingerprint: str) -> dict[str, Any]:
-    return export_pairs(cfg, run)
-
-
-def _report_stage(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
-                  fingerprint: str) -> dict[str, Any]:
-    report = write_report(cfg, run)
-    if cfg.wandb.enabled and cfg.training.rounds == 1:  # rounds: logged once, training/rounds.py
-        from wim.wandb_log import log_single
-
-        log_single(cfg, run, report)  # metrics, critiques table, resolved config
-    return report
-
-
-DATA_RUNNERS: dict[str, StageRunner] = {"generate": _generate, "judge": _judge, "score": _score,
-                                        "pairs": _pairs, "report": _report_stage}
+DATA_RUNNERS: dict[str, StageRunner] = {"generate": generate.run_stage, "judge": judge.run_stage,
+                                        "score": score.run_stage, "pairs": pairs.run_stage,
+                                        "report": report.run_stage}
 
 
 def _report(run: RunDir) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from data_gen.stages import Shard, _bar, _write_stats, prompt_batches
+from data_gen.stages import Shard, progress_bar, prompt_batches
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, read_keys
 from wim.rundir import RunDir
@@ -39,7 +39,7 @@ def import_samples(cfg: Config, run: RunDir, source: Source, sha256: str,
         mine = {p.id for _, batch in prompt_batches(source.refs, cfg.generation.batch_size,
                                                     shard) for p in batch}
     done = read_keys(run.samples)
-    bar = _bar(None, "import", progress)
+    bar = progress_bar(None, "import", progress)
     with JsonlAppender(run.samples) as out:
         pending: list[dict[str, Any]] = []
         try:
@@ -68,7 +68,7 @@ def import_samples(cfg: Config, run: RunDir, source: Source, sha256: str,
         "tokens/policy/out": 0,
         "time/generate": time.perf_counter() - start,
     })
-    _write_stats(run, "generate", stats)
+    run.write_stats("generate", stats)
     return stats
 
 

@@ -28,10 +28,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_gen.validity_table import GoldPair, fmt, fmt_p, systems_table_lines, validity_table
+from data_gen.validity_table import GoldPair, fmt_rate, systems_table_lines, validity_table
 from wim.config import Config
 from wim.errors import InputError
+from wim.markdown import markdown_table
 from wim.records import read_input_jsonl
+from wim.report.evaluation import pval
 from wim.statistics import MECHANICAL_WARNING, is_bundled
 
 logger = logging.getLogger(__name__)
@@ -169,21 +171,18 @@ def validity_markdown(report: dict) -> str:
               "minus numeric's (1 right, 1/2 tie, 0 wrong), with the one-sample t-test of those "
               "differences against 0 and its own t 95% interval (p < 0.05 exactly when 0 is "
               "outside it); Holm over the systems below. The strictly-right counts describe "
-              "the pairs where only one ranked the better answer first.", "",
-              "| system | pairs | accuracy - numeric | t 95% | p | p (Holm) | only system "
-              "right | only numeric right |", "|" + "---|" * 8]
-    for name, r in report["systems"].items():
-        v = r.get("vs_numeric")
-        if v:
-            cells = [name, v["n"], fmt(v["accuracy_diff"]), fmt(v["diff_95"]),
-                     fmt_p(v["diff_p"]), fmt_p(v["diff_p_holm"]), v["only_system_right"],
-                     v["only_numeric_right"]]
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines += ["", "## Per domain (accuracy, ties half; n; paired bootstrap 95%)", "",
-              "| system | domain | n | accuracy | bootstrap 95% |", "|---|---|---|---|---|"]
-    for name, r in report["systems"].items():
-        for d, v in r["by_domain"].items():
-            boot = fmt(v["bootstrap_95"]) if v["bootstrap_95"] else (v["bootstrap_note"] or "-")
-            lines.append(f"| {name} | {d or '(none)'} | {v['n']} | {fmt(v['accuracy'])} | "
-                         f"{boot} |")
+              "the pairs where only one ranked the better answer first.", ""]
+    paired = [(name, r["vs_numeric"]) for name, r in report["systems"].items()
+              if r.get("vs_numeric")]
+    lines += markdown_table(
+        ["system", "pairs", "accuracy - numeric", "t 95%", "p", "p (Holm)", "only system right",
+         "only numeric right"],
+        [[name, v["n"], fmt_rate(v["accuracy_diff"]), fmt_rate(v["diff_95"]), pval(v["diff_p"]),
+          pval(v["diff_p_holm"]), v["only_system_right"], v["only_numeric_right"]]
+         for name, v in paired])
+    lines += ["", "## Per domain (accuracy, ties half; n; paired bootstrap 95%)", ""]
+    lines += markdown_table(["system", "domain", "n", "accuracy", "bootstrap 95%"], [
+        [name, d or "(none)", v["n"], fmt_rate(v["accuracy"]),
+         fmt_rate(v["bootstrap_95"]) if v["bootstrap_95"] else (v["bootstrap_note"] or "-")]
+        for name, r in report["systems"].items() for d, v in r["by_domain"].items()])
     return "\n".join(lines) + "\n"

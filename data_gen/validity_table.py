@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wim.config import Config
+from wim.markdown import markdown_table
 from wim.metrics import system_values
+from wim.report.evaluation import pval
 from wim.scoring import is_tie
 from wim.statistics import (
     binomial_p,
@@ -92,7 +94,7 @@ def outcomes_table(cfg: Config, outcomes: RankingOutcomes) -> dict:
     """`validity_table` from the outcomes themselves."""
     by_system = outcomes.by_system
     out = {s: _row(cfg, outcomes.domains, o) for s, o in by_system.items()}
-    tests = {s: paired_vs_numeric(cfg, by_system[s], by_system["numeric"])
+    tests = {s: paired_vs_numeric(by_system[s], by_system["numeric"])
              for s in by_system if s != "numeric"}
     for s, p in zip(tests, holm([t["diff_p"] for t in tests.values()]), strict=True):
         out[s]["vs_numeric"] = {**tests[s], "diff_p_holm": p}
@@ -125,8 +127,7 @@ def _row(cfg: Config, domains: list[str], outcomes: list[float | None]) -> dict:
     }
 
 
-def paired_vs_numeric(cfg: Config, system: list[float | None],
-                      numeric: list[float | None]) -> dict:
+def paired_vs_numeric(system: list[float | None], numeric: list[float | None]) -> dict:
     """One system against numeric on the pairs both scored (the lists are in pair order): the
     accuracy difference (ties half), with the one-sample t-test of the per-pair differences
     against 0 and that test's own 95% interval (`mean_test`), so the test, the interval and the
@@ -145,23 +146,19 @@ def paired_vs_numeric(cfg: Config, system: list[float | None],
 
 def systems_table_lines(systems: dict) -> list[str]:
     """The markdown table of `validity_table`'s rows (also the report's agreement table)."""
-    lines = ["| system | n | right | wrong | ties | failures | accuracy (ties half) | "
-             "bootstrap 95% | right / decided (ties out) | Clopper-Pearson 95% | sign-test p | "
-             "tie share | strict accuracy |", "|" + "---|" * 13]
-    for name, r in systems.items():
-        boot = fmt(r["bootstrap_95"]) if r["bootstrap_95"] else (r["bootstrap_note"] or "-")
-        cells = [name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"],
-                 fmt(r["accuracy"]), boot, fmt(r["decisive_rate"]), fmt(r["decisive_95"]),
-                 fmt_p(r["p_value"]), fmt(r["tie_share"]), fmt(r["strict_accuracy"])]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return lines
+    return markdown_table(
+        ["system", "n", "right", "wrong", "ties", "failures", "accuracy (ties half)",
+         "bootstrap 95%", "right / decided (ties out)", "Clopper-Pearson 95%", "sign-test p",
+         "tie share", "strict accuracy"],
+        [[name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"], fmt_rate(r["accuracy"]),
+          fmt_rate(r["bootstrap_95"]) if r["bootstrap_95"] else (r["bootstrap_note"] or "-"),
+          fmt_rate(r["decisive_rate"]), fmt_rate(r["decisive_95"]), pval(r["p_value"]),
+          fmt_rate(r["tie_share"]), fmt_rate(r["strict_accuracy"])]
+         for name, r in systems.items()])
 
 
-def fmt_p(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def fmt(x) -> str:
+def fmt_rate(x) -> str:
+    """A rate (or a difference of rates) or its [low, high] interval; `-` for none."""
     if x is None:
         return "-"
     if isinstance(x, list):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +169,12 @@ def tools_launcher():
 
 def free_port() -> int:
     return tools_launcher().free_port()
+
+
+def served_models(base_url: str) -> list[str]:
+    """The model names a server lists (`GET /v1/models`): base model and adapters."""
+    with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=30) as reply:
+        return [m["id"] for m in json.loads(reply.read())["data"]]
 
 
 @pytest.fixture(scope="session")
@@ -352,7 +360,7 @@ def write_pair_rows(path: Path, pairs, swap: bool = False) -> None:
 
 def train_small_adapter(out: Path, swap: bool = False) -> Path:
     """A real DPO run on the bundled model (6 steps, high learning rate): `out/adapter`."""
-    from training.dpo import train_dpo_model
+    from training.train import train_dpo_model
     from wim.config import load_config
 
     cfg = load_config(QUICKSTART, ["dpo.learning_rate=5e-3", "dpo.max_steps=6",

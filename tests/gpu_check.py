@@ -125,7 +125,7 @@ def offline(work: Path, model_name: str, steps: int, device: str) -> None:
     import torch
     from peft import PeftModel
 
-    from training.dpo import train_dpo_model
+    from training.train import train_dpo_model
     from wim.config import load_config
     from wim.models import load_causal_lm
 
@@ -190,7 +190,7 @@ def qlora(work: Path, model_name: str, steps: int) -> None:
     if importlib.util.find_spec("bitsandbytes") is None:
         print("SKIP  QLoRA: bitsandbytes is not installed (pip install bitsandbytes)")
         return
-    from training.dpo import train_dpo_model
+    from training.train import train_dpo_model
     from wim.config import load_config
 
     cfg = load_config(QUICKSTART, [f"policy.model={model_name}", f"dpo.max_steps={steps}",

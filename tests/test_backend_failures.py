@@ -100,13 +100,13 @@ def test_disk_full_mid_stage_then_resume(flaky_server, tmp_path: Path, monkeypat
 def test_disk_full_from_any_other_write_reads_like_the_rest(flaky_server, tmp_path: Path,
                                                             monkeypatch, capsys) -> None:
     """A raw OSError (as from datasets, the trainer or matplotlib) gets the same paragraph."""
-    from data_gen import stages
     from wim.cli import main
+    from wim.rundir import RunDir
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "stats"))
 
-    monkeypatch.setattr(stages, "_write_stats", full)
+    monkeypatch.setattr(RunDir, "write_stats", full)
     cmd = ["generate", str(QUICKSTART), "--out", str(tmp_path / "run"), "--no-progress",
            *sets([*http_overrides(flaky_server.url), f"prompts.source={_prompts(tmp_path)}"])]
     assert main(cmd) == 2

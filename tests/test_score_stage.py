@@ -1,4 +1,4 @@
-"""The score stage (data_gen/score_stage.py): streamed in batches, each similarity computed once
+"""The score stage (data_gen/score.py): streamed in batches, each similarity computed once
 and stored (DIR/similarities.sqlite), re-scores bit for bit, exact resume, flat memory; with the
 real bundled MiniLM and the real CLI where users take that path."""
 
@@ -144,7 +144,7 @@ def minilm():
 
 
 def test_killed_pass_keeps_its_scores_and_the_rerun_is_exact(tmp_path: Path, minilm) -> None:
-    from data_gen.score_stage import score_run
+    from data_gen.score import score_run
 
     cfg = load_config(QUICKSTART)
     cfg = dataclasses.replace(cfg, scoring=dataclasses.replace(cfg.scoring, batch_size=3))
@@ -166,7 +166,7 @@ def test_killed_pass_keeps_its_scores_and_the_rerun_is_exact(tmp_path: Path, min
 
 
 def test_identical_texts_are_embedded_once_per_run(tmp_path: Path, minilm) -> None:
-    from data_gen.score_stage import score_run
+    from data_gen.score import score_run
 
     cfg = load_config(QUICKSTART)
     cfg = dataclasses.replace(cfg, scoring=dataclasses.replace(cfg.scoring, batch_size=4))
@@ -181,7 +181,7 @@ def test_identical_texts_are_embedded_once_per_run(tmp_path: Path, minilm) -> No
 def test_memory_holds_one_batch_whatever_the_run_size(tmp_path: Path) -> None:
     """Critiques that say nothing is missing need no embedder, so this measures the pass
     itself: 10x the judgements, about the same peak."""
-    from data_gen.score_stage import score_run
+    from data_gen.score import score_run
 
     cfg = load_config(QUICKSTART)
     peaks = []

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, run_wim, sets
 
-from data_gen.agreement import label_pairs, source_agreement
+from data_gen.agreement import label_pair, source_agreement
 from wim.card import render_card, size_category
 from wim.config import load_config
+from wim.pairs import group_by_prompt
 from wim.records import write_records_atomic
 from wim.rundir import RunDir
 
@@ -47,17 +48,16 @@ def _rated(agree: bool) -> list[dict]:
     return out
 
 
-def test_label_pairs_take_the_best_and_worst_rated_or_the_labels() -> None:
-    pairs, ties, kind = label_pairs(_rated(True))
-    assert kind == "ratings" and ties == 0
-    assert [(c["sample_idx"], r["sample_idx"]) for c, r in pairs] == [(0, 1)] * 4
+def test_label_pair_takes_the_best_and_worst_rated_or_the_labels() -> None:
+    for records in group_by_prompt(_rated(True)).values():
+        (chosen, rejected), kind = label_pair(records)
+        assert (chosen["sample_idx"], rejected["sample_idx"], kind) == (0, 1, "ratings")
     tied = [_scored("t", i, 5, 0.5, source_rating=4.0) for i in range(3)]
-    assert label_pairs(tied)[:2] == ([], 1)
+    assert label_pair(tied) == (None, "ratings")
     # chosen/rejected labels win over the sample order: rejected is sample 0 here.
     labelled = [_scored("x", 0, 5, 0.5, label="rejected"), _scored("x", 1, 5, 0.5, label="chosen")]
-    [(chosen, rejected)] = label_pairs(labelled)[0]
-    assert (chosen["sample_idx"], rejected["sample_idx"], label_pairs(labelled)[2]) == \
-        (1, 0, "chosen/rejected")
+    (chosen, rejected), kind = label_pair(labelled)
+    assert (chosen["sample_idx"], rejected["sample_idx"], kind) == (1, 0, "chosen/rejected")
 
 
 @pytest.mark.parametrize(("agree", "accuracy"), [(True, 1.0), (False, 0.0)])
@@ -173,7 +173,6 @@ def test_card_license_from_the_config_the_source_or_unknown(tmp_path: Path) -> N
 def test_streamed_agreement_equals_the_table_on_the_full_records(tmp_path: Path) -> None:
     """source_agreement keeps only score fields and same-length stand-ins of the answers; its
     table must be the one validity_table gives on the whole records and texts."""
-    from data_gen.agreement import label_pairs
     from data_gen.validity_table import GoldPair, validity_table
     from wim.records import RecordIndex
 
@@ -184,8 +183,9 @@ def test_streamed_agreement_equals_the_table_on_the_full_records(tmp_path: Path)
     write_records_atomic(tmp_path / "scores.jsonl", scored)
     streamed = source_agreement(cfg, RunDir(tmp_path),
                                 RecordIndex(tmp_path / "scores.jsonl").groups())
-    pairs, _, _ = label_pairs(scored)
     gold, remapped = [], []
+    pairs = [pair for records in group_by_prompt(scored).values()
+             if (pair := label_pair(records)[0]) is not None]
     for chosen, rejected in pairs:
         gid = f"{chosen['prompt_id']}#{chosen['sample_idx']}>{rejected['sample_idx']}"
         gold.append(GoldPair(gid, chosen["domain"], chosen["prompt"], chosen["response"],

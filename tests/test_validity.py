@@ -139,10 +139,9 @@ def test_the_paired_test_is_of_the_accuracy_difference_it_sits_beside():
     """12 pairs scored as a tie by the system and wrong by numeric, 8 right by both: the
     difference (ties half) is 0.30, and its test must see it (McNemar on "strictly right"
     said p = 1.0 beside an interval of [0.20, 0.40])."""
-    cfg = load_config(QUICKSTART)
     system = [0.5 if i < 12 else 1.0 for i in range(20)]
     numeric = [0.0 if i < 12 else 1.0 for i in range(20)]
-    v = paired_vs_numeric(cfg, system, numeric)
+    v = paired_vs_numeric(system, numeric)
     assert v["accuracy_diff"] == pytest.approx(0.30)
     assert v["diff_p"] < 0.001 and v["diff_95"][0] > 0  # the test and its interval agree
     t = ttest_1samp([0.5] * 12 + [0.0] * 8, 0.0)

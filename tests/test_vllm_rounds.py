@@ -10,9 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, run_wim, sets
+from conftest import QUICKSTART, run_wim, served_models, sets
 
-from wim.backends.adapter_serving import served_models
 from wim.records import read_records
 
 # 8 prompts x 2 samples; a high learning rate so that 4 DPO steps move the greedy judge.

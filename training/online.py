@@ -164,13 +164,6 @@ def _user_text(prompt) -> str:
     return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
-def online_args(cfg: Config, output_dir: Path, progress: bool):
-    """`OnlineDPOConfig` for this run (training/trl_config.py, shared with offline DPO)."""
-    from training.trl_config import online_dpo_config
-
-    return online_dpo_config(cfg, output_dir, progress)
-
-
 def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
                ) -> dict[str, Any]:
     """Train online on the run's prompts; writes train/ (adapter, log_history.json,
@@ -180,9 +173,10 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     import datasets
 
     from data_gen.pipeline import Resources
-    from training.dpo import _reset_peak_memory, lora_config, peak_memory
     from training.online_trainer import WimOnlineDPOTrainer
     from training.placement import keep_lora_float32
+    from training.train import _reset_peak_memory, lora_config, peak_memory
+    from training.trl_config import online_dpo_config
     from wim.embedders import open_embedder
     from wim.report.online import write_online_report
 
@@ -200,7 +194,7 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     reward = WimReward(cfg, tokenizer, embedder, judgements)
     _reset_peak_memory()
     trainer = WimOnlineDPOTrainer(model=model, reward_funcs=[reward],
-                               args=online_args(cfg, out / "trainer", progress),
+                               args=online_dpo_config(cfg, out / "trainer", progress),
                                train_dataset=dataset, processing_class=tokenizer,
                                peft_config=lora_config(cfg))
     keep_lora_float32(trainer.model)

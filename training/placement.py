@@ -1,7 +1,7 @@
 """Where training's processes and weights go, on a GPU box as on a CPU: one GPU per process
 outside a launcher, the ranks under `accelerate launch`, whole copies of LoRA weights that
 DeepSpeed ZeRO-3 partitions, and float32 LoRA weights on a quantized (QLoRA) base. Used by
-offline DPO (training/dpo.py) and online DPO (training/online.py); checked on a CPU by
+offline DPO (training/train.py) and online DPO (training/online.py); checked on a CPU by
 tests/training/test_gpu_paths.py and on a GPU by tests/gpu_check.py."""
 
 from __future__ import annotations

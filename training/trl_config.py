@@ -1,5 +1,5 @@
 """The one mapping from the config to TRL's training arguments: `trl.DPOConfig` for offline DPO
-(training/dpo.py), `OnlineDPOConfig` for online DPO (training/online.py).
+(training/train.py), `OnlineDPOConfig` for online DPO (training/online.py).
 
 Every `dpo:` key and every `dpo.extra` key reaches the config or is refused with a ConfigError
 that names it; none is dropped. trl and torch are imported inside functions so that importing

@@ -71,7 +71,7 @@ _TIE_WORDS = {"tie", "tied", "equal", "draw", "same", "both", "neither"}
 
 
 @cache
-def load_template(mode: str) -> str:
+def load_blind_template(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"blind evaluator mode must be one of {MODES}, got {mode!r}")
     return resources.files("wim").joinpath("data", f"blind_{mode}.txt").read_text().strip()
@@ -85,20 +85,20 @@ def build_pair_messages(question: str, first: str, second: str) -> list[dict[str
     """The template (system turn), then the question and the two answers as A and B."""
     user = (f"Question:\n{question.strip()}\n\nAnswer A:\n{_answer(first)}\n\n"
             f"Answer B:\n{_answer(second)}")
-    return [{"role": "system", "content": load_template("pairwise")},
+    return [{"role": "system", "content": load_blind_template("pairwise")},
             {"role": "user", "content": user}]
 
 
 def build_point_messages(question: str, answer: str) -> list[dict[str, str]]:
     user = f"Question:\n{question.strip()}\n\nAnswer:\n{_answer(answer)}"
-    return [{"role": "system", "content": load_template("pointwise")},
+    return [{"role": "system", "content": load_blind_template("pointwise")},
             {"role": "user", "content": user}]
 
 
 @cache
 def placeholders(mode: str) -> tuple[str, ...]:
     """The `<...>` placeholders of a template, as a model copies them."""
-    return tuple(m.lower() for m in re.findall(r"<[^<>\n]+>", load_template(mode)))
+    return tuple(m.lower() for m in re.findall(r"<[^<>\n]+>", load_blind_template(mode)))
 
 
 def copied_placeholder(text: str, mode: str) -> str | None:
@@ -107,17 +107,23 @@ def copied_placeholder(text: str, mode: str) -> str | None:
     return next((p for p in placeholders(mode) if p in low), None)
 
 
-def parse_verdict(text: str) -> tuple[str | None, str | None]:
-    """("A" | "B" | "tie", None) or (None, reason) from the last "Verdict" label; a copied
-    template placeholder is a failure."""
-    copied = copied_placeholder(text, "pairwise")
+def _last_label(text: str, mode: str, pattern: re.Pattern, label: str):
+    """(the last match of the label, None) or (None, reason); a copied template placeholder
+    is a failure."""
+    copied = copied_placeholder(text, mode)
     if copied:
         return None, f"copied the template placeholder {copied!r}"
-    found = list(_VERDICT.finditer(text))
-    if not found:
-        return None, "no 'Verdict:' line"
-    value = found[-1].group("v").rstrip(".,;:!")
-    if value.lower() in ("a", "an") and (found[-1].group("w") or "").lower() in _TIE_WORDS:
+    found = list(pattern.finditer(text))
+    return (found[-1], None) if found else (None, f"no '{label}' line")
+
+
+def parse_verdict(text: str) -> tuple[str | None, str | None]:
+    """("A" | "B" | "tie", None) or (None, reason) from the last "Verdict" label."""
+    found, failure = _last_label(text, "pairwise", _VERDICT, VERDICT_LABEL)
+    if failure:
+        return None, failure
+    value = found.group("v").rstrip(".,;:!")
+    if value.lower() in ("a", "an") and (found.group("w") or "").lower() in _TIE_WORDS:
         value = "tie"  # "Verdict: a tie"
     if value in ("A", "B"):
         return value, None
@@ -127,15 +133,11 @@ def parse_verdict(text: str) -> tuple[str | None, str | None]:
 
 
 def parse_score(text: str) -> tuple[int | None, str | None]:
-    """(N in 1..10, None) or (None, reason) from the last "Score" label (`7` or `7/10`); a
-    copied template placeholder is a failure."""
-    copied = copied_placeholder(text, "pointwise")
-    if copied:
-        return None, f"copied the template placeholder {copied!r}"
-    found = list(_SCORE.finditer(text))
-    if not found:
-        return None, "no 'Score:' line"
-    value = found[-1].group("v").rstrip(".,;:!")
+    """(N in 1..10, None) or (None, reason) from the last "Score" label (`7` or `7/10`)."""
+    found, failure = _last_label(text, "pointwise", _SCORE, SCORE_LABEL)
+    if failure:
+        return None, failure
+    value = found.group("v").rstrip(".,;:!")
     value = value[:-3] if value.endswith("/10") else value
     if not value.isdigit() or not 1 <= int(value) <= 10:
         return None, f"score {value[:20]!r} is not an integer from 1 to 10"
@@ -244,7 +246,7 @@ class BlindEvaluator:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label,
                                     guide_choices=_CHOICES[label], top_logprobs=top)
             outs = self._generate(convs, params, seed, REASON_PREFILL)
-            return [(REASON_PREFILL + o.text, _error(o), _tokens(o), o.top_logprobs)
+            return [(REASON_PREFILL + o.text, o.failure, _tokens(o), o.top_logprobs)
                     for o in outs]
         if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
             reason = SamplingParams(self.max_new_tokens, temperature, 1.0,
@@ -253,7 +255,7 @@ class BlindEvaluator:
             heads = [REASON_PREFILL + o.text.rstrip() + "\n" + label for o in first]
             value = SamplingParams(4, temperature, 1.0, stop=("\n",), top_logprobs=top)
             second = self._generate(convs, value, seed, heads)
-            return [(h + o2.text, _error(o1) or _error(o2), _tokens(o1) + _tokens(o2),
+            return [(h + o2.text, o1.failure or o2.failure, _tokens(o1) + _tokens(o2),
                      o2.top_logprobs) for h, o1, o2 in zip(heads, first, second, strict=True)]
         if top and b.supports_json_schema:
             # JSON with a verdict enum: the server's guided decoding restricts the verdict
@@ -267,17 +269,13 @@ class BlindEvaluator:
         else:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, top_logprobs=top)
         outs = self._generate(convs, params, seed, None)
-        return [(o.text, _error(o), _tokens(o), o.top_logprobs) for o in outs]
+        return [(o.text, o.failure, _tokens(o), o.top_logprobs) for o in outs]
 
     def _generate(self, convs, params, seed: int, prefill) -> list[Completion]:
         return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
 
     def close(self) -> None:
         self.backend.close()
-
-
-def _error(completion: Completion) -> str | None:
-    return None if completion.ok else f"backend failed: {completion.error}"
 
 
 def _tokens(completion: Completion) -> int:

@@ -1,4 +1,5 @@
-"""The dataset card of a run's pairs: `DIR/pairs/README.md` (and `DIR/pairs.README.md`).
+"""The dataset card of a run's pairs: `DIR/pairs/README.md` (and `DIR/pairs.README.md`, and
+`DIR/dataset/README.md` with the completions config).
 
 In the Hub's dataset-card format: YAML metadata between `---` lines (pretty name, task
 category, size category, tags, `configs` naming the data files, plus a `wim` block with the
@@ -7,13 +8,13 @@ numbers a program may want, and the `license`: `card.license`, else the source's
 where it came from, where the responses came from, the judge (role, model, prompt and its
 instructions), the embedder and zeta, the tie policy and the counts (pairs, ties dropped,
 failed judgements, echoed rubrics), the tie-rate and delta table, the columns, and the
-config that made the pairs. A pure function of its inputs: the caller (data_gen's pairs
+config that made the pairs; next to the completions config (DIR/dataset/), that config
+too and a section on its columns. A pure function of its inputs: the caller (data_gen's pairs
 stage) writes the files.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,14 +24,17 @@ import yaml
 
 from wim.config import Config
 from wim.judge_prompts import build_judge_instructions
+from wim.markdown import markdown_table
 from wim.metrics import JudgeStatistics, PairStatistics
 from wim.pairs import group_by_prompt
 from wim.report.build import SMALL_JUDGE_NOTE, SMALL_JUDGES
+from wim.report.sections import fmt_metric
 from wim.rundir import identity
 from wim.statistics import MECHANICAL_WARNING, is_bundled
 
 _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
           (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"))
+COMPLETIONS_FILES = "completions/train-*"
 _SYSTEMS = (("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"), ("mixed", "mixed"))
 
 
@@ -72,12 +76,15 @@ def summarize_scores(groups: Iterable[list[dict[str, Any]]], cfg: Config) -> Sco
 
 def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
                 counts: dict[str, int], data_files: str, source: dict[str, Any] | None = None,
-                source_license: str | None = None) -> str:
+                source_license: str | None = None,
+                completions: dict[str, Any] | None = None) -> str:
     """The card's text. `scored`: scores.jsonl's records, or their `summarize_scores`;
     `counts`: the pairs stage's `pairs/...` counts; `data_files`: the glob of the data files
     next to the card; `source`: the generate stage's stats when the responses came from
     generation.source (its shape and sha256); `source_license`: the license its own card or
-    dataset info names, if any (`card.license` comes first)."""
+    dataset info names, if any (`card.license` comes first); `completions`: the counts of the
+    `completions` config next to the card (DIR/dataset/, data_gen/completions.py), which the
+    card then names and describes."""
     if not isinstance(scored, ScoreSummary):
         scored = summarize_scores(group_by_prompt(scored).values(), cfg)
     judge, stats, judge_model = scored.judge, scored.pairs, scored.judge_model
@@ -101,6 +108,10 @@ def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
             "configs": [{"config_name": "default",
                          "data_files": [{"split": "train", "path": data_files}]}],
             "wim": facts}
+    if completions is not None:
+        meta["configs"].append({"config_name": "completions", "data_files": [
+            {"split": "train", "path": COMPLETIONS_FILES}]})
+        facts["completions"] = completions
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
              "# WIM preference pairs", ""]
     if is_bundled(judge_model):
@@ -121,9 +132,33 @@ def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
               "`domain`, `chosen_sample_idx`/`rejected_sample_idx`, `*_critique`, `*_rating`, "
               "`*_similarity`, `*_score`, `zeta`, and `chosen_origin`/`rejected_origin` (who "
               "wrote each response: the policy, or the source's model name).", "",
+              *_completions_lines(completions),
               "## The config that made it", "", "```yaml",
               yaml.safe_dump(card_config(cfg), sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _completions_lines(completions: dict[str, Any] | None) -> list[str]:
+    if completions is None:
+        return []
+    unranked = completions["unranked"]
+    return ["## The `completions` config", "",
+            f"Every judgement: one row per prompt ({completions['prompts']} prompts, "
+            f"{completions['responses']} responses), in UltraFeedback's shape, so the responses "
+            "can be re-ranked or re-scored. Row: `prompt_id`, `domain`, `prompt` (chat "
+            "messages), `judge_model`, `zeta`, `embedder`, and `completions`, every response of "
+            "the prompt by `sample_idx`, each with `response`, `origin`, the judge's "
+            "`critique`, `rating` (1-10), `parse_ok`, `parse_error`, `fallback` and "
+            "`raw_judge_text`, then `rating_norm`, `similarity` and `score` (at this zeta), "
+            "all as scores.jsonl holds them, `source_label`/`source_rating` where the source "
+            "gave them, and `rank_numeric`, `rank_wim`, `rank_mixed`: the response's rank among "
+            "the prompt's responses by rating_norm, similarity and score (1 = best; equal "
+            "values share the best rank of their group, pandas' `method='min'`, exactly equal, "
+            "not within the tie tolerance). A null value has no rank: "
+            f"{completions['parse_failed']} judgements failed to parse and are kept with their "
+            "nulls; responses without a rank: "
+            f"{unranked['numeric']} numeric, {unranked['wim']} WIM, {unranked['mixed']} mixed.",
+            ""]
 
 
 def _license(cfg: Config, source_license: str | None) -> tuple[str, str]:
@@ -193,24 +228,17 @@ def _count_lines(cfg: Config, counts: dict[str, int], judge: dict[str, Any]) -> 
             f"({cfg.judge.on_parse_failure}) "
             + ("are left out of ranking." if cfg.judge.on_parse_failure == "exclude" else
                "are scored as in the authors' code (rating_norm 0 / rating alone).") + "", "",
-            "| what | count |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+            *markdown_table(["what", "count"], rows), ""]
 
 
 def _table_lines(cfg: Config, stats: dict[str, Any]) -> list[str]:
     systems = [(s, label) for s, label in _SYSTEMS if f"pairs/tie_rate/{s}" in stats]
     if not systems:
         return []
-    lines = ["## Tie rate and delta (within-prompt sample pairs, 1-10 scale)", "",
-             "| metric | " + " | ".join(label for _, label in systems) + " |",
-             "|---" * (len(systems) + 1) + "|"]
-    for label, key, pct in (("tie rate", "tie_rate", True), ("mean abs delta", "delta", False),
-                            ("mean best-worst delta", "delta_best_worst", False)):
-        cells = [_fmt(stats.get(f"pairs/{key}/{s}"), pct) for s, _ in systems]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines + ["", f"mixed: zeta={cfg.scoring.zeta:g}.", ""]
-
-
-def _fmt(value: Any, pct: bool) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
+    rows = (("tie rate", "tie_rate", True), ("mean abs delta", "delta", False),
+            ("mean best-worst delta", "delta_best_worst", False))
+    return ["## Tie rate and delta (within-prompt sample pairs, 1-10 scale)", "",
+            *markdown_table(["metric", *(label for _, label in systems)], [
+                [label, *(fmt_metric(stats.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
+                for label, key, pct in rows]),
+            "", f"mixed: zeta={cfg.scoring.zeta:g}.", ""]

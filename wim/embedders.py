@@ -53,7 +53,7 @@ class Embedder:
 
     @property
     def identity(self) -> str:
-        return identity("sentence_transformers", self.name, self.dtype)
+        return embedder_identity("sentence_transformers", self.name, self.dtype)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
@@ -80,12 +80,12 @@ class Embedder:
 class HTTPEmbedder:
     """Embeddings from OpenAI-compatible `/v1/embeddings` servers, through the judge driver's
     transport (wim/backends/http_client.py): requests of `batch_size` texts, many in flight,
-    retries on timeouts, 429 and 5xx, per-URL failover. Vectors are normalized here (servers
-    differ on whether they do), so the cosine is a dot product as in process."""
+    retries on timeouts and 5xx, pauses on 429, per-URL failover. Vectors are normalized here
+    (servers differ on whether they do), so the cosine is a dot product as in process."""
 
     def __init__(self, model: str, base_urls: list[str], batch_size: int = 64,
-                 api_key_env: str = "WIM_API_KEY", concurrency: int = 8,
-                 timeout_s: float = 60.0, max_retries: int = 4) -> None:
+                 api_key_env: str = "WIM_API_KEY", concurrency: int | str = 8,
+                 timeout_s: float = 60.0, max_retries: int = 4, **limits) -> None:
         from wim.backends.http_client import HTTPClient
 
         if not base_urls:
@@ -98,14 +98,16 @@ class HTTPEmbedder:
         self.name = model
         self.batch_size = batch_size
         self.dtype = None  # the server's choice
+        # limits: max_concurrency, requests_per_minute, tokens_per_minute (HTTPClient's)
         self.client = HTTPClient(base_urls, api_key_env=api_key_env, concurrency=concurrency,
-                                 timeout_s=timeout_s, max_retries=max_retries)
+                                 timeout_s=timeout_s, max_retries=max_retries, **limits)
         self.dimension: int | None = None
-        self.in_flight = max(1, concurrency // 2)  # batches the score stage sends at once
+        cap = self.client.max_concurrency if concurrency == "auto" else concurrency
+        self.in_flight = max(1, cap // 2)  # batches the score stage sends at once
 
     @property
     def identity(self) -> str:
-        return identity("http", self.name)
+        return embedder_identity("http", self.name)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -170,7 +172,7 @@ def _embeddings_reply(status: int, body: bytes, url: str) -> Any:
     return url, vectors
 
 
-def identity(backend: str, name: str, dtype: str | None = None) -> str:
+def embedder_identity(backend: str, name: str, dtype: str | None = None) -> str:
     """What computed a vector: `sentence_transformers:<name>:<dtype>` (the dtype resolved) or
     `http:<served model name>` (a server's dtype is its own)."""
     return f"{backend}:{name}:{dtype}" if dtype else f"{backend}:{name}"
@@ -185,14 +187,15 @@ def embedder_of(cfg: Any) -> tuple[str, str]:
     scoring = cfg.scoring
     if scoring.backend == "http":
         model = scoring_http(cfg).model
-        return identity("http", model), model
-    return (identity("sentence_transformers", scoring.embedder, resolve_dtype(scoring.dtype)),
-            scoring.embedder)
+        return embedder_identity("http", model), model
+    dtype = resolve_dtype(scoring.dtype)
+    return embedder_identity("sentence_transformers", scoring.embedder, dtype), scoring.embedder
 
 
 def open_embedder(cfg: Any) -> Embedder | HTTPEmbedder:
     """The embedder `cfg.scoring` asks for (`cfg` a Config): in process, or on a server with
     `scoring.http`, each null field taken from the `http:` section."""
+    from wim.backends import client_limits
     from wim.config import scoring_http
 
     scoring = cfg.scoring
@@ -200,5 +203,5 @@ def open_embedder(cfg: Any) -> Embedder | HTTPEmbedder:
         endpoint = scoring_http(cfg)
         return HTTPEmbedder(endpoint.model, endpoint.base_urls, scoring.batch_size,
                             endpoint.api_key_env, endpoint.concurrency, endpoint.timeout_s,
-                            endpoint.max_retries)
+                            endpoint.max_retries, **client_limits(endpoint))
     return Embedder(scoring.embedder, scoring.batch_size, scoring.dtype)

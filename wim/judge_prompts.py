@@ -103,15 +103,9 @@ def format_question_answer(prompt: str, response: str) -> str:
     return f"Question:\n{prompt.strip()}\n\nAnswer:\n{answer}"
 
 
-def build_judge_messages(
-    prompt: str,
-    response: str,
-    *,
-    criteria: str,
-    mode: str = "wim",
-    instructions_in: str = "system",
-    prompt_style: str = "ours",
-) -> list[dict[str, str]]:
+def build_judge_messages(prompt: str, response: str, *, criteria: str, mode: str = "wim",
+                         instructions_in: str = "system",
+                         prompt_style: str = "ours") -> list[dict[str, str]]:
     """Chat messages for the judge. mode 'wim' or 'numeric'; prompt_style 'ours' or 'authors'
     (see load_template). instructions_in 'system':
     instructions in a system message and the question/answer in the user message; 'user':

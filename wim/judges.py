@@ -203,7 +203,7 @@ class BackendJudge(Judge):
         else:
             return self._ask_in_two_steps(convs, temperature, seed)
         outs = self._generate(convs, params, seed, head or None)
-        return [(head + o.text, _error(o), o.prompt_tokens, o.completion_tokens) for o in outs]
+        return [(head + o.text, o.failure, o.prompt_tokens, o.completion_tokens) for o in outs]
 
     def _ask_in_two_steps(self, convs, temperature: float, seed: int):
         critique_params = SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("Rating",))
@@ -212,7 +212,7 @@ class BackendJudge(Judge):
         rating_params = SamplingParams(4, temperature, 1.0, stop=("\n",))
         ratings = self._generate(convs, rating_params, seed, heads)
         return [
-            (head + rate.text, _error(crit) or _error(rate),
+            (head + rate.text, crit.failure or rate.failure,
              crit.prompt_tokens + rate.prompt_tokens,
              crit.completion_tokens + rate.completion_tokens)
             for head, crit, rate in zip(heads, critiques, ratings, strict=True)
@@ -232,7 +232,7 @@ class BackendJudge(Judge):
             for i, o in enumerate(outs):
                 text = o.text.split("]")[0] if tail.startswith("]") else o.text.rstrip()
                 heads[i] = heads[i] + text + tail
-                errors[i] = errors[i] or _error(o)
+                errors[i] = errors[i] or o.failure
                 tokens[i] = (tokens[i][0] + o.prompt_tokens, tokens[i][1] + o.completion_tokens)
         return [(h, e, p, c) for h, e, (p, c) in zip(heads, errors, tokens, strict=True)]
 
@@ -241,10 +241,6 @@ class BackendJudge(Judge):
         """One completion per conversation."""
         outs = self.backend.generate(convs, params, seed=seed, prefill=prefill)
         return [c[0] for c in outs]
-
-
-def _error(completion: Completion) -> str | None:
-    return None if completion.ok else f"backend failed: {completion.error}"
 
 
 def configured_judge(j, backend: Backend, *, role: str, model_name: str,

@@ -42,8 +42,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("transformers.integrations.sdpa_attention:sdpa_attention_forward",
              ("module", "query", "key", "value", "attention_mask"),
              "wim/backends/decode_attention.py"),
-    Internal("transformers.trainer_utils:get_last_checkpoint", ("folder",), "training/dpo.py"),
-    Internal("transformers.integrations:is_deepspeed_zero3_enabled", (), "training/dpo.py"),
+    Internal("transformers.trainer_utils:get_last_checkpoint", ("folder",), "training/train.py"),
+    Internal("transformers.integrations:is_deepspeed_zero3_enabled", (), "training/train.py"),
     # TRL
     Internal("trl:DPOTrainer._precompute_ref_logps", ("self", "dataset", "name", "batch_size"),
              "training/dpo_trainer.py (overridden: puts the compact head on first)"),
@@ -68,7 +68,7 @@ INTERNALS: tuple[Internal, ...] = (
     # peft
     Internal("peft.tuners.tuners_utils:BaseTunerLayer", None,
              "wim/backends/transformers_backend.py"),
-    Internal("peft.helpers:disable_input_dtype_casting", ("model",), "training/dpo.py"),
+    Internal("peft.helpers:disable_input_dtype_casting", ("model",), "training/train.py"),
 )
 
 

@@ -147,7 +147,7 @@ def pair_statistics(
 
 
 class JudgeStatistics:
-    """`judge_statistics` one judgement at a time (`add`), counters only."""
+    """The judge's parse, retry and echo counts, one judgement at a time (`add`)."""
 
     def __init__(self) -> None:
         self.n = self.failed = self.retried = self.nothing = self.echoed = self.ever = 0
@@ -177,10 +177,3 @@ class JudgeStatistics:
             "judge/attempts_per_judgement": self.attempts / n if n else math.nan,
             "judge/nothing_missing_rate": self.nothing / n if n else math.nan,
         }
-
-
-def judge_statistics(judgements: list[dict[str, Any]]) -> dict[str, float]:
-    stats = JudgeStatistics()
-    for j in judgements:
-        stats.add(j)
-    return stats.result()

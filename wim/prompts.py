@@ -80,9 +80,9 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
             f"Prompt limit must be a positive integer or None, got {limit!r} (source {source!r}). "
             "Set prompts.limit to a number of prompts, or remove it to use them all."
         )
-    rows, origin = read_rows(str(bundled_prompts_path()) if source == BUNDLED else source, split,
+    rows, origin = iter_rows(str(bundled_prompts_path()) if source == BUNDLED else source, split,
                              limit)
-    prompts = _build_prompts(rows, origin)
+    prompts = _build_prompts(list(rows), origin)
     if not prompts:
         raise PromptsError(
             f"{origin} contains no prompts. Add records with a 'prompt' field, "
@@ -91,14 +91,6 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
     prompts = prompts[:limit] if limit is not None else prompts
     logger.info("Loaded %d prompts from %s", len(prompts), source)
     return prompts
-
-
-def read_rows(source: str, split: str = "train", limit: int | None = None,
-              label: str = "Prompt", column: str | None = "prompt"
-              ) -> tuple[list[tuple[str, Any]], str]:
-    """`iter_rows`, read into a list."""
-    rows, origin = iter_rows(source, split, limit, label, column)
-    return list(rows), origin
 
 
 def _build_prompts(rows: Iterable[tuple[str, Any]], origin: str) -> list[Prompt]:

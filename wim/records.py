@@ -302,10 +302,6 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
         raise storage_error(err, path) from None
 
 
-def index_by_key(records: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-    return {record_key(r): r for r in records}
-
-
 def read_input_jsonl(path: str | Path, label: str, error: type[WimError] = WimError
                      ) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of a JSONL file a user wrote (prompts, a

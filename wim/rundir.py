@@ -28,13 +28,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from wim.config import Config, ConfigError, config_from_dict, judge_http
+from wim.config import Config, ConfigError, apply_overrides, config_from_dict, judge_http
 from wim.errors import WimError
 from wim.precision import machine, pin_dtypes, resolve_dtype, uses_auto
 from wim.records import read_keyed, storage_error
@@ -143,6 +143,13 @@ class RunDir:
     def pairs(self) -> Path:
         return self.path / "pairs.jsonl"
 
+    def write_stats(self, stage: str, stats: dict) -> None:
+        """stats/<stage>.json, the one writer of every stage's counts and timings (and of the
+        fingerprint added when it finishes, data_gen/fingerprints.py)."""
+        folder = self.file("stats")
+        folder.mkdir(exist_ok=True)
+        (folder / f"{stage}.json").write_text(json.dumps(stats, indent=2))
+
     def require(self, name: str, command: str) -> list[dict]:
         """The records of a stage's input file, or a clear error naming the stage that makes
         them (a stage never succeeds on nothing)."""
@@ -171,14 +178,17 @@ class RunDir:
                 "policy", requested)
         return resolve_dtype(requested)
 
-    def load_config(self) -> Config:
+    def load_config(self, overrides: Sequence[str] = ()) -> Config:
+        """The run's saved config, with `--set KEY=VALUE` overrides (every command that reads
+        a run directory loads it here)."""
         meta = self.read_meta()
         if meta is None:
             raise RunDirError(
                 f"{self.path} holds no run (no resolved_config.yaml). Start one with "
                 f"`wim run CONFIG --out {self.path}`."
             )
-        return config_from_dict(meta["config"], source=str(self.config_file))
+        return config_from_dict(apply_overrides(meta["config"], list(overrides)),
+                                source=str(self.config_file))
 
     def shard(self) -> str | None:
         meta = self.read_meta()

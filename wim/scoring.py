@@ -111,7 +111,7 @@ def score_judgements(
     In numeric mode (no critique in any judgement) only zeta = 0 is defined.
     `batch_size`: embed batch by batch of that many judgements, as the score stage does with an
     in-process embedder (scoring.batch_size), so both give the same vectors. The score stage
-    (data_gen/score_stage.py) adds stored similarities; both go through `similarities` and build
+    (data_gen/score.py) adds stored similarities; both go through `similarities` and build
     each record with `score_record`.
     """
     for j in judgements:
@@ -174,17 +174,9 @@ def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict
     return {"rating_norm": rn, "similarity": sim, "score": score, "fallback": "+".join(missed)}
 
 
-def check_judgements(records: list[dict[str, Any]], source: str) -> None:
-    """Validate judgements read from disk (maybe written by another tool) before scoring.
-
-    Raises RecordsError naming the file, the record and the key.
-    """
-    for number, j in enumerate(records, start=1):
-        check_judgement(j, f"{source}, record {number}")
-
-
 def check_judgement(j: dict[str, Any], where: str) -> None:
-    """`check_judgements` for one record; `where` names it ("FILE, record N")."""
+    """Validate a judgement read from disk (maybe written by another tool) before scoring.
+    Raises RecordsError naming `where` ("FILE, record N") and the key."""
     for key, kind in (("prompt_id", (str, int)), ("sample_idx", int), ("response", str),
                       ("parse_ok", bool)):
         if not isinstance(j.get(key), kind) or (kind is int and isinstance(j[key], bool)):

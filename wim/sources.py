@@ -60,17 +60,6 @@ class SourcedPrompt:
     responses: tuple[SourcedResponse, ...]
 
 
-@dataclass(frozen=True)
-class SourceSet:
-    """What a source holds: the prompts with at least two responses, and what was left out."""
-
-    prompts: list[SourcedPrompt]
-    too_few: list[str]
-    """Ids of prompts with fewer than two responses (not judged, not paired)."""
-    shape: str
-    rows: int
-
-
 class Source:
     """A response source read as a stream: iterating reads the rows again, one at a time, and
     yields the prompts with two or more responses, the first `limit` of them (reading stops
@@ -151,16 +140,6 @@ class Source:
             raise SourceError(f"{origin}: no prompt has two or more responses, so no pair can "
                               f"be built. {_expected(shape or 'responses', names)}")
         self.complete = True
-
-
-def load_source(source: str, split: str = "train", shape: str = "auto",
-                columns: dict[str, str] | None = None, limit: int | None = None) -> SourceSet:
-    """Read the rows of `source` into memory, up to the first `limit` prompts with two or more
-    responses (small sources and tests; the stages stream a `Source`)."""
-    reader = Source(source, split, shape, columns, limit)
-    prompts = list(reader)
-    return SourceSet(prompts=prompts, too_few=reader.too_few, shape=reader.shape,
-                     rows=reader.rows)
 
 
 def _pick_shape(shape: str, first: dict, names: dict[str, str], origin: str) -> str:

@@ -194,7 +194,7 @@ def sensitivity(wins: int, losses: int, ties: int, failures: int) -> dict[str, f
             "failures_as_wins": (wins + failures + 0.5 * ties) / n}
 
 
-def summarize(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,
+def summarize_comparison(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,
               resamples: int = 2000) -> dict:
     """One comparison's entry of eval.json (`p_holm` is filled in by `with_holm`)."""
     w, lo, t, f = outcomes.wins, outcomes.losses, outcomes.ties, outcomes.failures

@@ -55,8 +55,3 @@ def log_rounds(cfg: Config, run: RunDir, report: dict[str, Any], rounds: int) ->
         rdir = run.path / "rounds" / str(r)
         items.append((r, json.loads((rdir / "report.json").read_text()), rdir / "scores.jsonl"))
     log_run(cfg, items, summary=report)
-
-
-def log_single(cfg: Config, run: RunDir, report: dict[str, Any]) -> None:
-    """A one-round run: its report is round 1."""
-    log_run(cfg, [(1, report, run.scores)])

@@ -8,8 +8,8 @@
 - judging: the quickstart's fixed judge (wim mode, guided format, batch 32, <= 32 new tokens,
   greedy, no retries) on the float32 answers; judgements/s, and the share of the judgements
   whose raw text is identical in both dtypes.
-- DPO: `training.dpo.train_dpo_model` with the quickstart's DPO and LoRA settings on the pairs of a
-  quickstart run, `--steps` steps in each dtype (float32 weights; bfloat16: mixed precision,
+- DPO: `training.train.train_dpo_model` with the quickstart's DPO and LoRA settings on the pairs of
+  a quickstart run, `--steps` steps in each dtype (float32 weights; bfloat16: mixed precision,
   float32 LoRA weights); wall seconds of the whole call, s/step and the loss curves.
 - DPO's reference pass (`--ref-steps` steps each): TRL's per-step reference forward (the
   adapter switched off, every step) against `precompute_ref_log_probs` (one pass over the pairs
@@ -211,13 +211,13 @@ def _train(dtype: str, pairs: Path, steps: int, cache: Path, reference_pass: str
     import json
 
     import training.cpu_logprobs
-    import training.dpo
+    import training.train
     from training.cpu_attention import training_attention
-    from training.dpo import train_dpo_model
+    from training.train import train_dpo_model
     from wim.config import load_config
 
-    training.dpo.training_attention = (training_attention if attention == "auto" else
-                                       lambda model, max_length: contextlib.nullcontext("sdpa"))
+    training.train.training_attention = (training_attention if attention == "auto" else
+                                         lambda model, max_length: contextlib.nullcontext("sdpa"))
     ours = _OURS.setdefault("log_probs", training.cpu_logprobs.completion_log_probs)
     training.cpu_logprobs.completion_log_probs = (
         _trl_log_probs if without == "cpu_logprobs" else ours)
@@ -334,7 +334,7 @@ def time_step(dtypes: list[str], rows: int, length: int, repeats: int) -> list[s
     import torch
     from peft import get_peft_model
 
-    from training.dpo import lora_config
+    from training.train import lora_config
     from wim.config import load_config
     from wim.models import BUNDLED_POLICY, load_causal_lm
 

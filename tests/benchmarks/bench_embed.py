@@ -176,7 +176,7 @@ def rescoring(sizes: list[int]) -> list[str]:
 def precision(run: Path | None, quick: bool) -> list[str]:
     import dataclasses
 
-    from data_gen.score_stage import score_run
+    from data_gen.score import score_run
     from wim.config import load_config
     from wim.metrics import pair_statistics
     from wim.pairs import build_pairs

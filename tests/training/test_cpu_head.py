@@ -14,7 +14,7 @@ def _trainer(tmp_path: Path, compact: bool):
     from trl import DPOTrainer
 
     from training.cpu_head import use_compact_head
-    from training.dpo import _dpo_args, _load_pairs, lora_config
+    from training.train import _dpo_args, _load_pairs, lora_config
     from wim.config import load_config
     from wim.models import load_causal_lm
 
@@ -120,8 +120,8 @@ def test_the_precomputed_reference_comes_from_the_compact_head(tmp_path, monkeyp
     from torch.utils.data import DataLoader
     from trl import DPOTrainer
 
-    from training.dpo import _dpo_args, _load_pairs, lora_config
     from training.dpo_trainer import WimDPOTrainer
+    from training.train import _dpo_args, _load_pairs, lora_config
     from wim.config import load_config
     from wim.models import load_causal_lm
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from training.dpo import train_dpo_model
+from training.train import train_dpo_model
 from wim.config import Config, ConfigError
 from wim.errors import InputError
 
@@ -117,7 +117,7 @@ def test_bfloat16_lora_layers_train_on_their_input_uncast(tmp_path, monkeypatch)
     from peft.tuners.tuners_utils import BaseTunerLayer
     from safetensors.torch import load_file
 
-    import training.dpo as dpo
+    import training.train as dpo
 
     casts = []
     real_cast = BaseTunerLayer._cast_input_dtype

@@ -41,14 +41,14 @@ def four_gpus(monkeypatch):
 def test_several_gpus_without_a_launcher_train_on_one(four_gpus, tmp_path: Path) -> None:
     """Without the pin, transformers reports n_gpu 4: TRL's DPO then refuses nn.DataParallel,
     and online DPO silently runs on it."""
-    from training.dpo import _dpo_args
-    from training.online import online_args
+    from training.train import _dpo_args
+    from training.trl_config import online_dpo_config
 
     cfg = load_config(QUICKSTART, ["policy.dtype=float32"])
     offline = _dpo_args(cfg, tmp_path / "offline", progress=False, n_pairs=8)
     assert offline.device.type == "cuda" and not offline.use_cpu
     assert offline.n_gpu == 1
-    online = online_args(cfg, tmp_path / "online", progress=False)
+    online = online_dpo_config(cfg, tmp_path / "online", progress=False)
     assert online.n_gpu == 1
 
 
@@ -120,12 +120,12 @@ def test_online_dpo_samples_with_a_kv_cache_while_checkpointing(tmp_path: Path) 
     slower); wim's generation settings turn it back on."""
     from transformers import AutoTokenizer
 
-    from training.online import online_args
     from training.online_trainer import WimOnlineDPOTrainer
+    from training.trl_config import online_dpo_config
     from wim.models import BUNDLED_POLICY, resolve_causal_lm
 
     cfg = load_config(QUICKSTART, ["training.gradient_checkpointing=true", "policy.dtype=float32"])
-    args = online_args(cfg, tmp_path, progress=False)
+    args = online_dpo_config(cfg, tmp_path, progress=False)
     assert args.gradient_checkpointing
     tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm(BUNDLED_POLICY))
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -155,7 +155,7 @@ def test_a_resumed_rank_loads_the_initial_weights_where_it_can(tmp_path: Path,
                                                              monkeypatch) -> None:
     """lora_init.pt is read onto the CPU (then each rank moves it to its own device); without
     map_location every rank would load it onto the GPU that saved it."""
-    from training.dpo import _initial_lora
+    from training.train import _initial_lora
 
     path = tmp_path / "lora_init.pt"
     torch.save({"w": torch.ones(2)}, path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import QUICKSTART
 
-from training.dpo import _dpo_args, precompute_reference
+from training.train import _dpo_args, precompute_reference
 from wim.config import ConfigError, load_config
 
 

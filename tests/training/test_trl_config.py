@@ -1,5 +1,5 @@
-"""training/trl_config.py through its two callers: every `dpo:` key reaches trl.DPOConfig
-(offline, training.dpo._dpo_args) and OnlineDPOConfig (online, training.online.online_args) or
+"""training/trl_config.py as both modes use it: every `dpo:` key reaches trl.DPOConfig
+(offline, training.train._dpo_args) and OnlineDPOConfig (online, `online_dpo_config`) or
 is refused by name; `dpo.extra` is checked against the class of the mode; nothing is dropped."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 import pytest
 from conftest import QUICKSTART
 
-from training.dpo import _dpo_args
-from training.online import online_args
+from training.train import _dpo_args
+from training.trl_config import online_dpo_config
 from wim.config import ConfigError, load_config
 from wim.config.dpo import DPOSection
 
@@ -52,7 +52,7 @@ CHANGED = {
 def trl_args(mode: str, overrides: list[str], tmp_path):
     """TRL's config as the run builds it, from the quickstart with `overrides` (--set)."""
     if mode == "online":
-        return online_args(load_config(QUICKSTART, [*ONLINE, *overrides]), tmp_path, False)
+        return online_dpo_config(load_config(QUICKSTART, [*ONLINE, *overrides]), tmp_path, False)
     return _dpo_args(load_config(QUICKSTART, overrides), tmp_path, False, PAIRS)
 
 

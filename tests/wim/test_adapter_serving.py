@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import QUICKSTART, free_port
 from recording_server import JSONServer, chat_completion
 
 from wim.backends.adapter_serving import (
@@ -102,6 +103,13 @@ def test_a_folder_the_server_cannot_read_names_path_and_setting(lora_server,
     assert str(folder) in message and "http.server_paths" in message
 
 
+def test_a_server_that_does_not_answer_is_named(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    with pytest.raises(AdapterServingError, match=f"could not reach {url}/load_lora_adapter "
+                       "to register adapter 'x': Client"):
+        register_adapter(url, "x", _adapter(tmp_path, 1))
+
+
 def test_a_server_without_runtime_lora_says_how_to_start_it(lora_server,
                                                             tmp_path: Path) -> None:
     server = lora_server(runtime=False)
@@ -137,8 +145,6 @@ class ServedPolicy(LoraServer):
 
 
 def _served_config(server, adapter: Path, role: str, mount: Path):
-    from conftest import QUICKSTART
-
     from wim.config import load_config
 
     return load_config(QUICKSTART, [

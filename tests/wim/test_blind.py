@@ -10,7 +10,7 @@ from recording_server import RecordingServer
 from wim.blind import (
     BlindEvaluator,
     build_pair_messages,
-    load_template,
+    load_blind_template,
     open_blind_evaluator,
     parse_score,
     parse_verdict,
@@ -119,7 +119,7 @@ def test_pairwise_over_a_real_server_sends_only_template_question_and_answers(re
         allowed.add(str(build_pair_messages(q, y, x)))
     for body in recorder.bodies:
         assert str(body["messages"]) in allowed
-        assert body["messages"][0]["content"] == load_template("pairwise")
+        assert body["messages"][0]["content"] == load_blind_template("pairwise")
     orders = {tuple(_answers(r["messages"][-1]["content"])) for r in recorder.bodies}
     assert ("GOOD: 4", "5") in orders and ("5", "GOOD: 4") in orders
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import QUICKSTART
 
-from data_gen.pipeline import make_judge
+from data_gen.judge import make_judge
 from wim.blind import open_blind_evaluator
 from wim.config import load_config
 from wim.embedders import open_embedder

@@ -14,10 +14,11 @@ import logging
 import secrets
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 from conftest import free_port
 
@@ -88,6 +89,16 @@ def stub_url():
     stub.close()
 
 
+def _forward(url: str, body: bytes) -> tuple[int, bytes]:
+    """POST `body` to `url`: (status, reply body), an error status too."""
+    request = urllib.request.Request(url, data=body, headers=JSON_HEADERS)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
 class FaultProxy:
     """An HTTP server whose i-th request gets the action `plan(i)`.
 
@@ -132,17 +143,13 @@ class FaultProxy:
                     proxy.auth_headers.append(self.headers.get("Authorization"))
                 action = proxy.plan(index)
                 if action in ("forward", "forward_then_die"):
-                    upstream = proxy.upstream + self.path.removeprefix("/v1")
-                    reply = httpx.post(upstream, content=body, headers=JSON_HEADERS, timeout=120)
-                    self._reply(reply.status_code, reply.content)
+                    self._reply(*_forward(proxy.upstream + self.path.removeprefix("/v1"), body))
                     if action == "forward_then_die":
                         threading.Thread(target=proxy.close).start()
                 elif action == "refuse_n" and json.loads(body).get("n", 1) > 1:
                     self._reply(400, b'{"error": {"message": "\'n\' must be 1"}}')
                 elif action == "refuse_n":
-                    reply = httpx.post(proxy.upstream + self.path.removeprefix("/v1"),
-                                       content=body, headers=JSON_HEADERS, timeout=120)
-                    self._reply(reply.status_code, reply.content)
+                    self._reply(*_forward(proxy.upstream + self.path.removeprefix("/v1"), body))
                 elif action == "canned":
                     self._reply(200, json.dumps(CANNED).encode())
                 elif action in ("500", "429", "400"):
@@ -188,10 +195,10 @@ def _backend(urls: list[str], **kw) -> HTTPBackend:
 
 
 def _counts(backend: HTTPBackend) -> dict[str, int]:
-    """The backend's request counts over all URLs (the per-URL ones and failovers have tests of
-    their own, in test_http_client.py)."""
-    return {k: v for k, v in backend.stats.items()
-            if not k.startswith("url") and k != "failovers"}
+    """The backend's request counts over all URLs (the per-URL ones, failovers and the rate
+    limits have tests of their own, in test_http_client.py and test_rate_limits.py)."""
+    return {k: v for k, v in backend.stats.items() if not k.startswith("url")
+            and k not in ("failovers", "rate_limited", "concurrency_limit")}
 
 
 def _texts(results) -> list[str]:
@@ -286,8 +293,10 @@ def test_server_error_then_success(stub_url, proxies, fault):
     assert c.ok and c.text == f"stub answer to {CONVS[0][0]['content']!r} with seed 5"
     assert c.completion_tokens == len(c.text.split())
     assert proxy.count == 3
-    assert _counts(backend) == {"requests": 3, "retries": 2, "failures": 0, "guided_refused": 0,
-                             "n_fallback": 0}
+    retries = 0 if fault == "429" else 2  # a 429 pauses and goes again: not a retry
+    assert _counts(backend) == {"requests": 3, "retries": retries, "failures": 0,
+                                "guided_refused": 0, "n_fallback": 0}
+    assert backend.stats["rate_limited"] == (2 if fault == "429" else 0)
 
 
 def test_client_error_is_not_retried(proxies):
@@ -336,7 +345,7 @@ def test_server_dying_mid_run(stub_url, proxies, with_spare):
 def test_api_key_never_leaks(monkeypatch, caplog, proxies):
     secret = secrets.token_hex(16)
     monkeypatch.setenv("WIM_API_KEY", secret)
-    caplog.set_level(logging.DEBUG)  # httpx and httpcore log at DEBUG too
+    caplog.set_level(logging.DEBUG)  # aiohttp logs at DEBUG too
     echo = proxies(lambda i: "echo401")
     refused = f"http://127.0.0.1:{free_port()}/v1"
     backend = _backend([echo.url, refused], max_retries=1)

@@ -1,5 +1,5 @@
-"""Quiet logs, through the real CLI: an HTTP stage writes no line per request (httpx wrote one
-INFO line each), and `--verbose` (before or after the command) brings them back."""
+"""Quiet logs, through the real CLI: an HTTP stage writes no line per request, and `--verbose`
+(before or after the command) brings them back."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_echoed_rubric_is_a_parse_failure_that_is_retried() -> None:
 
 
 def test_echoed_rubric_after_retries_is_counted_with_its_own_reason() -> None:
-    from wim.metrics import judge_statistics
+    from wim.metrics import JudgeStatistics
 
     [result] = _judge(ScriptedBackend([ECHO] * 3), max_retries=2).judge([("q", "a")])
     assert not result.parse_ok and result.error == "echoed rubric" and result.critique is None
@@ -73,7 +73,10 @@ def test_echoed_rubric_after_retries_is_counted_with_its_own_reason() -> None:
     fine = {"parse_ok": True, "parse_error": None, "critique": "x", "attempts": 1,
             "echoed_attempts": 0}
     healed = {**fine, "attempts": 2, "echoed_attempts": 1}
-    stats = judge_statistics([record, fine, healed])
+    counts = JudgeStatistics()
+    for judgement in (record, fine, healed):
+        counts.add(judgement)
+    stats = counts.result()
     assert stats["judge/echoed_rubric"] == 1 and stats["judge/parse_failed"] == 1
     assert stats["judge/echoed_rubric_any_attempt"] == 2
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from wim.metrics import judge_statistics, pair_statistics, system_values
+from wim.metrics import JudgeStatistics, pair_statistics, system_values
 
 
 def _rec(prompt_id: str, idx: int, rating: int | None, similarity: float | None,
@@ -155,7 +155,10 @@ def test_judge_statistics():
         {"parse_ok": False, "critique": None},
         {"parse_ok": True, "critique": None},
     ]
-    stats = judge_statistics(judgements)
+    counts = JudgeStatistics()
+    for judgement in judgements:
+        counts.add(judgement)
+    stats = counts.result()
     assert stats["judge/count"] == 5
     assert stats["judge/parse_failed"] == 2
     assert stats["judge/parse_fail_rate"] == pytest.approx(2 / 5)
@@ -164,6 +167,6 @@ def test_judge_statistics():
 
 
 def test_judge_statistics_empty():
-    stats = judge_statistics([])
+    stats = JudgeStatistics().result()
     assert stats["judge/count"] == 0
     assert math.isnan(stats["judge/parse_fail_rate"])

@@ -13,7 +13,6 @@ from wim.precision import pin_dtypes
 from wim.records import (
     JsonlAppender,
     RecordsError,
-    index_by_key,
     read_records,
     record_key,
     write_records_atomic,
@@ -142,13 +141,6 @@ def test_write_records_atomic_replaces_the_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["scores.jsonl"]  # no .tmp left behind
     write_records_atomic(path, [])
     assert path.read_bytes() == b""
-
-
-def test_index_by_key():
-    records = [_sample("b", 1), _sample("a", 0), _sample("b", 0), _sample("c", 0)]
-    index = index_by_key(records)
-    assert set(index) == {("b", 1), ("a", 0), ("b", 0), ("c", 0)}
-    assert index[("b", 1)] is records[0]
 
 
 def test_record_key_normalizes_types():

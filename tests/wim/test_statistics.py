@@ -23,7 +23,7 @@ from wim.statistics import (
     power_of,
     prompts_needed,
     sensitivity,
-    summarize,
+    summarize_comparison,
     win_rate,
     with_holm,
 )
@@ -45,8 +45,8 @@ def test_the_issue_examples_interval_and_test_agree(wins, losses, ties):
     p = binomial_p(wins, losses)
     lo, hi = decisive_interval(wins, losses)
     assert (p < 0.05) == (not lo <= 0.5 <= hi)
-    row = summarize("x", "a", "b", Outcomes([1.0] * wins + [0.0] * losses + [0.5] * ties,
-                                            [0.0] * (wins + losses + ties)))
+    values = [1.0] * wins + [0.0] * losses + [0.5] * ties
+    row = summarize_comparison("x", "a", "b", Outcomes(values, [0.0] * (wins + losses + ties)))
     assert "wilson_95" not in row
     assert row["decisive_95"] == [lo, hi] and row["p_value"] == p
     assert row["decisive_rate"] == pytest.approx(wins / (wins + losses))
@@ -161,7 +161,7 @@ def test_summarize_splits_ties_and_measures_order_agreement():
     # The issue's quickstart case: "Verdict: A" in both orders on all 16 prompts.
     out = Outcomes([0.5] * 16, [1.0] * 16, tie_kinds=["order_disagreement"] * 16,
                    order_agreement=[False] * 16)
-    row = summarize("policy vs base", "policy", "base", out)
+    row = summarize_comparison("policy vs base", "policy", "base", out)
     assert row["ties_split"] == {"real": 0, "order_disagreement": 16, "identical": 0}
     assert row["order_agreement"] == 0.0 and row["orders_compared"] == 16
     assert row["bootstrap_95"] is None and "equal" in row["bootstrap_note"]
@@ -170,7 +170,7 @@ def test_summarize_splits_ties_and_measures_order_agreement():
 
 def test_summarize_and_holm_fill_the_schema():
     out = Outcomes([1.0, 1.0, 0.5, 0.0, 1.0], [3.0, -1.0, 0.0, 2.0, 1.0], failures=1)
-    row = summarize("policy vs base", "policy", "base", out)
+    row = summarize_comparison("policy vs base", "policy", "base", out)
     assert (row["n"], row["wins"], row["losses"], row["ties"], row["failures"]) == (6, 3, 1, 1, 1)
     assert row["win_rate"] == pytest.approx(3.5 / 5)
     assert row["p_value"] == pytest.approx(binomtest(3, 4).pvalue)

@@ -5,11 +5,11 @@ adapters registered at run time. One server for the session; small workloads."""
 from __future__ import annotations
 
 import pytest
-from conftest import QUICKSTART
+from conftest import QUICKSTART, served_models
 from recording_server import ForwardingServer
 
 from wim.backends import SamplingParams, sample_seed
-from wim.backends.adapter_serving import adapter_name, register_adapter, served_models
+from wim.backends.adapter_serving import adapter_name, register_adapter
 from wim.backends.http_backend import HTTPBackend
 from wim.blind import BlindEvaluator
 from wim.config import load_config

@@ -14,6 +14,7 @@ the server's view of them (a shared mount).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -74,20 +75,21 @@ def server_path(local: str | Path, server_paths: dict[str, str]) -> str:
     return path
 
 
-def _client(api_key_env: str):
-    import httpx
+def _post(url: str, payload: dict, api_key_env: str) -> tuple[int, str]:
+    """(HTTP status, body text) of one POST, with the key in `api_key_env` when it is set.
+    Raises aiohttp.ClientError or asyncio.TimeoutError when the server cannot be reached."""
+    import aiohttp
 
     key = os.environ.get(api_key_env) or ""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(headers=headers, timeout=httpx.Timeout(_TIMEOUT_S))
+    timeout = aiohttp.ClientTimeout(sock_connect=_TIMEOUT_S, sock_read=_TIMEOUT_S)
 
+    async def send() -> tuple[int, str]:
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            async with session.post(url, json=payload) as reply:
+                return reply.status, (await reply.read()).decode("utf-8", errors="replace")
 
-def served_models(base_url: str, api_key_env: str = "WIM_API_KEY") -> list[str]:
-    """The model names a server lists (`GET /v1/models`), base model and adapters."""
-    with _client(api_key_env) as client:
-        reply = client.get(base_url.rstrip("/") + "/models")
-        reply.raise_for_status()
-        return [m["id"] for m in reply.json()["data"]]
+    return asyncio.run(send())
 
 
 def register_adapter(base_url: str, name: str, local_path: str | Path,
@@ -95,33 +97,29 @@ def register_adapter(base_url: str, name: str, local_path: str | Path,
                      api_key_env: str = "WIM_API_KEY") -> str:
     """Register the adapter folder `local_path` as `name`; returns the path sent. Raises
     AdapterServingError naming the path and what to set when the server refuses it."""
-    import httpx
+    import aiohttp
 
     path = server_path(local_path, server_paths or {})
     url = base_url.rstrip("/") + "/load_lora_adapter"
     try:
-        with _client(api_key_env) as client:
-            reply = client.post(url, json={"lora_name": name, "lora_path": path})
-    except httpx.HTTPError as exc:
+        status, text = _post(url, {"lora_name": name, "lora_path": path}, api_key_env)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise AdapterServingError(f"could not reach {url} to register adapter {name!r}: "
                                   f"{type(exc).__name__}: {exc}") from exc
-    text = reply.text[:600]
-    if reply.status_code == 200:
+    text = text[:600]
+    if status == 200:
         logger.info("adapter %s registered with %s (%s)", name, base_url, path)
         return path
-    if reply.status_code == 400 and "already been loaded" in text:
+    if status == 400 and "already been loaded" in text:
         logger.info("adapter %s already registered with %s", name, base_url)
         return path
-    if reply.status_code in (404, 405):
+    hint = _path_hint(path, local_path)
+    if status in (404, 405) and "adapter" not in text.lower():  # no such route
         hint = ("the server has no runtime LoRA loading: start vLLM with --enable-lora "
                 "(and --max-lora-rank >= lora.r) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, "
                 "or set http.adapter_serving: none")
-        if "adapter" in text.lower():  # the route exists; the folder was not found
-            hint = _path_hint(path, local_path)
-        raise AdapterServingError(f"{url} refused adapter {name!r} at {path!r} (HTTP "
-                                  f"{reply.status_code}: {text}). {hint}")
     raise AdapterServingError(f"{url} refused adapter {name!r} at {path!r} (HTTP "
-                              f"{reply.status_code}: {text}). {_path_hint(path, local_path)}")
+                              f"{status}: {text}). {hint}")
 
 
 def _path_hint(path: str, local_path: str | Path) -> str:

@@ -24,6 +24,11 @@ class Completion:
     most likely tokens at that position (token text -> logprob); empty when not asked for or
     the server gave none."""
 
+    @property
+    def failure(self) -> str | None:
+        """The error as judges and the blind evaluator record it; None when the call succeeded."""
+        return None if self.ok else f"backend failed: {self.error}"
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -77,15 +82,8 @@ class Backend(ABC):
         return -(-chars // 3) + 8 * len(conversation)
 
     @abstractmethod
-    def generate(
-        self,
-        conversations: list[Conversation],
-        params: SamplingParams,
-        *,
-        n: int = 1,
-        seed: int = 0,
-        prefill: str | list[str] | None = None,
-    ) -> list[list[Completion]]:
+    def generate(self, conversations: list[Conversation], params: SamplingParams, *, n: int = 1,
+                 seed: int = 0, prefill: str | list[str] | None = None) -> list[list[Completion]]:
         """Return `n` completions for each conversation, in input order.
 
         `seed` makes the call reproducible: the same conversations, params and seed give the

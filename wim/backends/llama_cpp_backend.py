@@ -112,15 +112,8 @@ class LlamaCppBackend(Backend):
         text = self._formatter(messages=conversation).prompt
         return text + (prefill or "")
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        params: SamplingParams,
-        *,
-        n: int = 1,
-        seed: int = 0,
-        prefill: str | list[str] | None = None,
-    ) -> list[list[Completion]]:
+    def generate(self, conversations: list[Conversation], params: SamplingParams, *, n: int = 1,
+                 seed: int = 0, prefill: str | list[str] | None = None) -> list[list[Completion]]:
         prefills = prefill if isinstance(prefill, list) else [prefill] * len(conversations)
         rendered: list[list[int] | str] = []
         for conversation, head in zip(conversations, prefills, strict=True):

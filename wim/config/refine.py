@@ -4,7 +4,7 @@ the criteria, flags and policies that wim/refine imports from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from wim.config.sampling import Backend
 
@@ -15,7 +15,6 @@ FLAGS = ("unsupported_claim", "citation_mismatch", "contradiction", "truncated",
 """Diagnostic flags the fixed rules of wim/refine/evaluator.py can raise (penalty table keys)."""
 PolicyName = Literal["none", "hard_cap", "dynamic", "vrr_stop", "vrr_stop_calibrated", "vrr_guard"]
 """Policies derived from one master trajectory (`none` = the initial answer)."""
-POLICY_NAMES = get_args(PolicyName)
 
 @dataclass
 class RefineDynamicConfig:

@@ -32,7 +32,6 @@ class Evaluation:
     """`accept`, `reject`, or None when the evaluator gave none."""
     flags: tuple[str, ...] = ()
     """Diagnostic flags raised by the feedback (keys of the penalty table)."""
-    feedback: str = ""
 
 
 @dataclass(frozen=True)

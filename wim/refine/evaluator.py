@@ -74,7 +74,7 @@ def parse_criterion(text: str) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
-def parse_verdict(text: str) -> str | None:
+def parse_accept_reject(text: str) -> str | None:
     word = re.sub(r"[^a-z]", " ", text.lower()).split()
     if not word:
         return None
@@ -87,7 +87,7 @@ def parse_verdict(text: str) -> str | None:
 
 def parse_vote(text: str) -> bool | None:
     """yes/accept/correct/true -> True, no/reject/incorrect/wrong/false -> False, else None."""
-    verdict = parse_verdict(text)
+    verdict = parse_accept_reject(text)
     if verdict is not None:
         return verdict == "accept"
     word = re.sub(r"[^a-z]", " ", text.lower()).split()
@@ -148,14 +148,14 @@ class LoopEvaluator:
             critique = j.critique
             flags = raise_flags(answer, critique)
             if not parsed:
-                ev = Evaluation(None, None, flags, critique or "")
+                ev = Evaluation(None, None, flags)
                 out.append(LoopEvaluation(ev, critique, j.rating, raws, runs[i][-1][1],
                                           attempts, tokens))
                 continue
             scores = {c: sum(r[0][c] for r in parsed) / len(parsed) for c in CRITERIA}
             accepts = sum(r[0]["verdict"] == "accept" for r in parsed)
             verdict = "accept" if accepts * 2 > len(parsed) else "reject"
-            ev = Evaluation(scores, verdict, flags, critique or "")
+            ev = Evaluation(scores, verdict, flags)
             out.append(LoopEvaluation(ev, critique, j.rating, raws, None, attempts, tokens))
         return out
 
@@ -209,7 +209,7 @@ class LoopEvaluator:
                 if not o.ok:
                     values[i], failures[i] = None, f"backend failed: {o.error}"
                     continue
-                value = parse_verdict(text) if key == "verdict" else parse_criterion(text)
+                value = parse_accept_reject(text) if key == "verdict" else parse_criterion(text)
                 if value is None:
                     values[i], failures[i] = None, f"{key} did not parse: {text.strip()!r}"
                 else:

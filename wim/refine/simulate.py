@@ -86,17 +86,13 @@ def calibrate_from_logs(spec: SimSpec, rng: np.random.Generator) -> tuple[VRRPar
     return est, cal.prior_valid, info
 
 
-def _rounds(spec: SimSpec) -> dict[str, list[float]]:
-    return {"validity": [], "acceptance": []}
-
-
 def _record(rounds, valid, accepts, m: int) -> None:
     rounds["validity"].append(float(valid.mean()))
     rounds["acceptance"].append(float((accepts > m / 2).mean()))
 
 
 def run_fixed(spec: SimSpec, world: _World, valid: np.ndarray, repairs_cap: int):
-    rounds = _rounds(spec)
+    rounds = {"validity": [], "acceptance": []}
     s = world.votes(valid)
     _record(rounds, valid, s, spec.vrr.m)
     for _ in range(repairs_cap):
@@ -107,7 +103,7 @@ def run_fixed(spec: SimSpec, world: _World, valid: np.ndarray, repairs_cap: int)
 
 
 def run_stop(spec: SimSpec, world: _World, valid: np.ndarray, p: VRRParams, prior: float):
-    rounds = _rounds(spec)
+    rounds = {"validity": [], "acceptance": []}
     active = np.ones(valid.shape, dtype=bool)
     belief = np.full(valid.shape, prior)
     last = np.zeros(valid.shape, dtype=int)
@@ -130,7 +126,7 @@ def run_stop(spec: SimSpec, world: _World, valid: np.ndarray, p: VRRParams, prio
 
 
 def run_guard(spec: SimSpec, world: _World, valid: np.ndarray):
-    rounds = _rounds(spec)
+    rounds = {"validity": [], "acceptance": []}
     s_inc = world.votes(valid)
     _record(rounds, valid, s_inc, spec.vrr.m)
     for _ in range(spec.vrr.k):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wim.config.refine import RefineDynamicConfig
 from wim.refine.vrr import VRRParams, guard_replaces, stop_trace
 
 EPS = 1e-9
@@ -42,15 +43,6 @@ class Step:
 
 
 @dataclass(frozen=True)
-class DynamicParams:
-    reject_streak: int = 3
-    window: int = 3
-    min_progress: float = 0.01
-    stability_window: int = 3
-    stability_eps: float = 0.01
-
-
-@dataclass(frozen=True)
 class Outcome:
     """Where a policy stops: `attempts` used (0 = only A_0) and the final answer's index."""
 
@@ -67,7 +59,7 @@ def hard_cap(steps: list[Step], cap: int) -> Outcome:
 
 
 def dynamic_rule(steps: list[Step], initial_aggregate: float | None, t: int,
-                 p: DynamicParams) -> str | None:
+                 p: RefineDynamicConfig) -> str | None:
     """The dynamic rule that fires after attempt t (1-based), seeing only steps[:t]."""
     done = steps[:t]
     if t >= p.reject_streak and all(not s.accepted for s in done[-p.reject_streak:]):
@@ -88,7 +80,7 @@ def dynamic_rule(steps: list[Step], initial_aggregate: float | None, t: int,
 
 
 def dynamic(steps: list[Step], initial_aggregate: float | None, cap: int,
-            p: DynamicParams) -> Outcome:
+            p: RefineDynamicConfig) -> Outcome:
     for t in range(1, min(cap, len(steps)) + 1):
         reason = dynamic_rule(steps, initial_aggregate, t, p)
         if reason:

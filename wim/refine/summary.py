@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
+from wim.markdown import markdown_table
 from wim.refine.analysis import compare_policies
-from wim.refine.stopping import DynamicParams, Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
+from wim.refine.stopping import Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
 from wim.refine.vrr import VRRParams, calibrate_votes, choose_policy, youden_j
+from wim.report.evaluation import num
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +43,6 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
                     ) -> tuple[dict[str, list[Outcome]], dict[str, Any]]:
     """Outcome of each policy on each question, and the VRR calibration found on the votes."""
     r, v = cfg.refine, cfg.refine.vrr
-    d = r.dynamic
-    dyn = DynamicParams(d.reject_streak, d.window, d.min_progress, d.stability_window,
-                        d.stability_eps)
     vp = VRRParams(v.rho0, v.rho1, v.alpha, v.beta, v.m, v.k, v.tau, v.delta)
     out: dict[str, list[Outcome]] = {"none": [], "hard_cap": [], "dynamic": []}
     info: dict[str, Any] = {}
@@ -69,7 +68,7 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
         steps = steps_of(recs)
         out["none"].append(Outcome("none", 0, 0, "the initial answer"))
         out["hard_cap"].append(hard_cap(steps, r.max_attempts))
-        out["dynamic"].append(dynamic(steps, recs[0]["aggregate"], r.max_attempts, dyn))
+        out["dynamic"].append(dynamic(steps, recs[0]["aggregate"], r.max_attempts, r.dynamic))
         if voted:
             out["vrr_stop"].append(vrr_stop(steps, recs[0]["accepts"], v.prior, vp))
             out["vrr_guard"].append(vrr_guard(steps, recs[0]["accepts"], vp))
@@ -177,15 +176,16 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
              f"> {summary['caveat']}", "",
              f"{summary['prompts']} prompts, hard cap {summary['max_attempts']} attempts, E_L: "
              f"{summary['evaluator']}, strict {summary['strict']}, critical guard "
-             f"{summary['critical_guard']}, ensemble n {summary['ensemble_n']}.", "",
-             "| policy | attempts | tokens / question | saved vs hard cap | blind quality | "
-             "scored | failed | vs baseline (p, Holm) |", "|---|---|---|---|---|---|---|---|"]
-    for name, row in summary["policies"].items():
-        test = summary["tests"].get(f"{name} vs {summary['baseline']}")
-        cell = "baseline" if name == summary["baseline"] else _test_cell(test)
-        lines.append(f"| {name} | {row['attempts_mean']:.2f} | {row['tokens_mean']:.0f} | "
-                     f"{_pct(row['tokens_saved_vs_hard_cap'])} | {_num(row['blind_mean'])} | "
-                     f"{row['blind_scored']} | {row['blind_failed']} | {cell} |")
+             f"{summary['critical_guard']}, ensemble n {summary['ensemble_n']}.", ""]
+    base = summary["baseline"]
+    lines += markdown_table(
+        ["policy", "attempts", "tokens / question", "saved vs hard cap", "blind quality",
+         "scored", "failed", "vs baseline (p, Holm)"],
+        [[name, f"{row['attempts_mean']:.2f}", f"{row['tokens_mean']:.0f}",
+          _pct(row["tokens_saved_vs_hard_cap"]), num(row["blind_mean"]), row["blind_scored"],
+          row["blind_failed"],
+          "baseline" if name == base else _test_cell(summary["tests"].get(f"{name} vs {base}"))]
+         for name, row in summary["policies"].items()])
     c = summary["counts"]
     lines += ["", f"Attempts {c['attempts']}, accepted {c['accepted']}, rejected by rule "
               f"{c['rejections_by_rule']}, E_L evaluations failed {c['evaluation_failed']}, "
@@ -209,10 +209,6 @@ def _test_cell(test: dict | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 def plot(path: Path, summary: dict[str, Any]) -> None:

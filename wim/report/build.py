@@ -11,20 +11,20 @@ import math
 from typing import Any
 
 from wim.config import Config
+from wim.markdown import markdown_table, md_cell
 from wim.metrics import JudgeStatistics, PairStatistics, domain_name
 from wim.records import RecordIndex, RecordsError, iter_keyed
 from wim.report.sections import (
     agreement_lines,
     collect_rounds,
     evaluation_lines,
-    md_cell,
+    fmt_metric,
     read_agreement,
     read_run_json,
     rounds_lines,
     source_lines,
     tie_delta_table,
 )
-from wim.report.sections import fmt as _fmt
 from wim.rundir import RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
@@ -140,12 +140,12 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     return lines + source_lines(r) + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({_fmt(r.get('judge/parse_fail_rate'), True)}), of which "
+        f"parse after retries ({fmt_metric(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
-        f"({_fmt(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
+        f"({fmt_metric(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
         f"{r.get('judge/echoed_rubric_any_attempt', 0)} "
-        f"({_fmt(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at least "
-        "one attempt and were asked again. "
+        f"({fmt_metric(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at "
+        "least one attempt and were asked again. "
         + _failure_sentence(r) +
         f"{r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
         "next run). "
@@ -171,28 +171,23 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     systems = [(s, label) for s, label in systems if f"pairs/tie_rate/{s}" in r]
     # The answer to "did training help?" (with its power and warnings) comes first.
     lines = _summary_lines(r) + evaluation_lines(evaluation) + [
-        "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)",
-        "",
-        "| metric | " + " | ".join(label for _, label in systems) + " |",
-        "|---" * (len(systems) + 1) + "|",
-    ]
+        "## Numeric vs WIM vs mixed (one judging pass, 1-10 scale)", ""]
     rows = [("tie rate (within-prompt sample pairs)", "tie_rate", True),
             ("mean abs delta", "delta", False),
             ("mean best-worst delta", "delta_best_worst", False),
             ("prompts with no usable pair", "no_pair_share", True),
             ("agreement with numeric (non-tied pairs)", "agreement", True)]
-    for label, key, pct in rows:
-        cells = [_fmt(r.get(f"pairs/{key}/{s}"), pct) if not (key == "agreement" and s == "numeric")
-                 else "-" for s, _ in systems]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += markdown_table(["metric", *(label for _, label in systems)], [
+        [label, *("-" if key == "agreement" and s == "numeric"
+                  else fmt_metric(r.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
+        for label, key, pct in rows])
     zetas = [z for z in cfg.scoring.report_zetas if f"zeta/{z:g}/tie_rate" in r]
     if zetas:
-        lines += ["", "## zeta sweep", "", "| zeta | tie rate | mean abs delta | agreement |",
-                  "|---|---|---|---|"]
-        for z in zetas:
-            lines.append(f"| {z:g} | {_fmt(r[f'zeta/{z:g}/tie_rate'], True)} | "
-                         f"{_fmt(r[f'zeta/{z:g}/delta'])} | "
-                         f"{_fmt(r.get(f'zeta/{z:g}/agreement'), True)} |")
+        lines += ["", "## zeta sweep", "", *markdown_table(
+            ["zeta", "tie rate", "mean abs delta", "agreement"],
+            [[f"{z:g}", fmt_metric(r[f"zeta/{z:g}/tie_rate"], True),
+              fmt_metric(r[f"zeta/{z:g}/delta"]),
+              fmt_metric(r.get(f"zeta/{z:g}/agreement"), True)] for z in zetas])]
     # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
@@ -200,15 +195,16 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
         lines += ["", "## Per domain", "",
                   *tie_delta_table(["domain"], [s for s, _ in systems], rows)]
     lines += agreement_lines(agreement)
-    lines += ["", "## Cost and time", "", "| what | value | unit |", "|---|---|---|"]
     units = {"tokens/": "tokens", "time/": "seconds (wall clock)", "http/": "count"}
-    for key in sorted(k for k in r if k.startswith(tuple(units))):
-        lines.append(f"| {key} | {_fmt(r[key])} | {units[key.split('/')[0] + '/']} |")
+    costs = sorted(k for k in r if k.startswith(tuple(units)))
+    lines += ["", "## Cost and time", "", *markdown_table(["what", "value", "unit"], [
+        [key, fmt_metric(r[key]), units[key.split("/")[0] + "/"]] for key in costs])]
     if "train/steps" in r:
         lines += ["", "## Training (TRL DPO, LoRA)", "",
                   f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
-                  f"{_fmt(r.get('train/loss_first'))} -> {_fmt(r.get('train/loss_last'))}; "
-                  f"LoRA weight change (L2) {_fmt(r.get('train/lora_delta_norm'))}."]
+                  f"{fmt_metric(r.get('train/loss_first'))} -> "
+                  f"{fmt_metric(r.get('train/loss_last'))}; "
+                  f"LoRA weight change (L2) {fmt_metric(r.get('train/lora_delta_norm'))}."]
     lines += rounds_lines(r.get("rounds"))
     if plots:
         lines += ["", "## Plots"]

@@ -12,17 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-
-def cell(text: Any) -> str:
-    """Free text safe inside a markdown table cell (no breaks, `|` and HTML escaped)."""
-    text = " ".join(str(text).split())
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+from wim.markdown import markdown_table, md_cell
 
 
 def num(x: Any, digits: int = 3) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "-" if x is None else cell(x)
+        return "-" if x is None else md_cell(x)
     if isinstance(x, float) and math.isnan(x):
         return "-"
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
@@ -42,7 +37,7 @@ def header_lines(doc: dict[str, Any]) -> list[str]:
     """Warnings first: mechanical numbers; a count of hard-verdict fallbacks."""
     lines = []
     if doc.get("mechanical_warning"):
-        lines += [f"> **Mechanical numbers.** {cell(doc['mechanical_warning'])}", ""]
+        lines += [f"> **Mechanical numbers.** {md_cell(doc['mechanical_warning'])}", ""]
     if doc.get("hard_fallback"):
         lines += [f"> **Hard-verdict fallback.** {doc['hard_fallback']} prompt(s) got no token "
                   "probabilities from the evaluator's backend in at least one order; that "
@@ -54,7 +49,7 @@ def power_lines(doc: dict[str, Any]) -> list[str]:
     """The sign test's power statement (before the results: the design's ceiling)."""
     if not doc.get("power_statement"):
         return []
-    return [f"> **Power.** (sign test) {cell(doc['power_statement'])} (min attainable p, one "
+    return [f"> **Power.** (sign test) {md_cell(doc['power_statement'])} (min attainable p, one "
             f"comparison: {pval(doc.get('min_attainable_p'))}; Holm over the family: "
             f"{pval(doc.get('min_attainable_p_holm'))}.)", ""]
 
@@ -77,10 +72,11 @@ def verdict_sentence(c: dict[str, Any], alpha: float = 0.05) -> str:
     p = w.get("p_value")
     side = c.get("a") if w["preference"] > 0.5 else c.get("b")
     if p is not None and p < alpha:
-        return (f"`{cell(side)}` is preferred: weighted win rate {num(w['preference'])} of "
-                f"`{cell(c.get('a'))}` over `{cell(c.get('b'))}`, p = {pval(p)} (unadjusted).")
+        return (f"`{md_cell(side)}` is preferred: weighted win rate {num(w['preference'])} of "
+                f"`{md_cell(c.get('a'))}` over `{md_cell(c.get('b'))}`, p = {pval(p)} "
+                "(unadjusted).")
     return (f"No significant difference: weighted win rate {num(w['preference'])} of "
-            f"`{cell(c.get('a'))}` over `{cell(c.get('b'))}`, p = {pval(p)}.")
+            f"`{md_cell(c.get('a'))}` over `{md_cell(c.get('b'))}`, p = {pval(p)}.")
 
 
 def weighted_lines(doc: dict[str, Any]) -> list[str]:
@@ -92,26 +88,26 @@ def weighted_lines(doc: dict[str, Any]) -> list[str]:
     n_family = len(doc.get("comparisons", []))
     src = w.get("sources") or {}
     lines = [f"**{verdict_sentence(prim)}**",
-             f"- Weighted win rate of a = `{cell(prim.get('a'))}` over b = "
-             f"`{cell(prim.get('b'))}` ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
+             f"- Weighted win rate of a = `{md_cell(prim.get('a'))}` over b = "
+             f"`{md_cell(prim.get('b'))}` ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
              f"{prim.get('failures')} failed verdicts left out): {num(w.get('preference'))}, "
-             f"t 95% interval of the mean {interval(w.get('ci95'))}, {cell(w.get('test'))} "
+             f"t 95% interval of the mean {interval(w.get('ci95'))}, {md_cell(w.get('test'))} "
              f"against 0.5: p = {pval(w.get('p_value'))} (unadjusted; Holm over the "
              f"{n_family} comparison(s): {pval(w.get('p_holm'))}). The interval is the test's "
              "own: p < 0.05 exactly when 0.5 lies outside it."
-             + (f" ({cell(w['note'])})" if w.get("note") else ""),
+             + (f" ({md_cell(w['note'])})" if w.get("note") else ""),
              f"- Length-controlled win rate (AlpacaEval 2.0's GLM, its "
              f"`length_controlled_minimal`, fitted on these preferences, length term set to "
              f"zero): {num(w.get('lc_win_rate'))} (length coefficient "
              f"{num(w.get('theta_len'))})"
-             + (f" ({cell(w['lc_note'])})" if w.get("lc_note") else "") + ".",
+             + (f" ({md_cell(w['lc_note'])})" if w.get("lc_note") else "") + ".",
              "- Where each prompt's preference came from: " + (", ".join(
-                 f"{v} {cell(k)}" for k, v in src.items()) or "-")
+                 f"{v} {md_cell(k)}" for k, v in src.items()) or "-")
              + (f"; {w.get('hard_fallback')} fell back to a hard verdict in at least one "
                 "order (no token probabilities)" if w.get("hard_fallback")
                 and (doc.get("evaluator") or {}).get("verdict") == "weighted" else "") + "."]
     if doc.get("weighted_power_statement"):
-        lines.append(f"- {cell(doc['weighted_power_statement'])}")
+        lines.append(f"- {md_cell(doc['weighted_power_statement'])}")
     return [x for line in lines for x in (line, "")]
 
 
@@ -131,20 +127,22 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
     n_family = len(doc.get("comparisons", []))
     s = prim.get("sensitivity") or {}
     bootstrap = (f"paired bootstrap 95% {interval(prim.get('bootstrap_95'))}"
-                 if prim.get("bootstrap_95") else cell(prim.get("bootstrap_note") or "no interval"))
+                 if prim.get("bootstrap_95")
+                 else md_cell(prim.get("bootstrap_note") or "no interval"))
     agree = prim.get("order_agreement")
     agree_text = (f"{num(agree)}, the share of the {prim.get('orders_compared')} prompt(s) asked "
                   "in both orders whose two verdicts named the same answer (low agreement is "
                   "position bias)" if agree is not None else "- (no prompt asked in both orders)")
-    lines = [f"**Primary comparison (pre-specified): {cell(prim['name'])}** (hard verdicts)",
-             f"- a = `{cell(prim.get('a'))}`, b = `{cell(prim.get('b'))}`; n = {prim.get('n')}: "
+    lines = [f"**Primary comparison (pre-specified): {md_cell(prim['name'])}** (hard verdicts)",
+             f"- a = `{md_cell(prim.get('a'))}`, b = `{md_cell(prim.get('b'))}`; "
+             f"n = {prim.get('n')}: "
              f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
              f"{prim.get('failures')} failed verdicts.",
              f"- Sign test, ties left out: decisive rate wins / (wins + losses) = "
              f"{num(prim.get('decisive_rate'))}, exact Clopper-Pearson 95% "
              f"{interval(prim.get('decisive_95'))}, p = {pval(prim.get('p_value'))} "
              f"(unadjusted; Holm over the {n_family} comparison(s) below: "
-             f"{pval(prim.get('p_holm'))}). {cell(prim.get('decisive_statement') or '')}",
+             f"{pval(prim.get('p_holm'))}). {md_cell(prim.get('decisive_statement') or '')}",
              f"- Win rate, ties counted as half: {num(prim.get('win_rate'))}, {bootstrap}.",
              f"- Order agreement: {agree_text}.",
              f"- Sensitivity (failed verdicts in, ties half): {num(s.get('failures_as_losses'))} "
@@ -154,43 +152,43 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
              f"{num(prim.get('length_adjusted_win_rate'))}, slope "
              f"{num(prim.get('length_slope'))}, bootstrap 95% "
              f"{interval(prim.get('length_adjusted_95'))}"
-             + (f" ({cell(prim['length_note'])})" if prim.get("length_note") else "") + "."]
+             + (f" ({md_cell(prim['length_note'])})" if prim.get("length_note") else "") + "."]
     # One paragraph per line: report.html turns each blank-line block into a paragraph.
     return [x for line in lines for x in (line, "")]
 
 
-WEIGHTED_HEAD = ("| comparison | n | weighted win rate | t 95% interval | p | p (Holm) | "
-                 "length-controlled (AlpacaEval 2.0 GLM) | from token probabilities / "
-                 "hard / identical |")
+WEIGHTED_HEAD = ("comparison", "n", "weighted win rate", "t 95% interval", "p", "p (Holm)",
+                 "length-controlled (AlpacaEval 2.0 GLM)",
+                 "from token probabilities / hard / identical")
 
 
 def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
     """One row per comparison: the weighted test, its interval, Holm, the LC rate."""
     if not any(c.get("weighted") for c in comparisons):
         return []
-    lines = [WEIGHTED_HEAD, "|" + "---|" * 8]
+    rows = []
     for c in comparisons:
         w = c.get("weighted") or {}
         src = w.get("sources") or {}
-        lines.append("| " + " | ".join([
-            cell(c.get("name", "")) + (" (primary)" if c.get("primary") else ""),
+        rows.append([
+            md_cell(c.get("name", "")) + (" (primary)" if c.get("primary") else ""),
             num(w.get("n")), num(w.get("preference")), interval(w.get("ci95")),
             pval(w.get("p_value")), pval(w.get("p_holm")), num(w.get("lc_win_rate")),
             f"{src.get('guided', 0) + src.get('top_logprobs', 0)} / {src.get('hard', 0)} / "
-            f"{src.get('identical', 0)}",
-        ]) + " |")
-    return lines
+            f"{src.get('identical', 0)}"])
+    return markdown_table(WEIGHTED_HEAD, rows)
 
 
-TABLE_HEAD = ("| comparison | n | wins / losses / ties | failures | ties: real / order "
-              "disagreement / identical | order agreement | decisive rate (ties out) | "
-              "Clopper-Pearson 95% (ties out) | sign-test p (ties out) | p (Holm) | win rate "
-              "(ties half) | paired bootstrap 95% (ties half) | failures as losses / as wins | "
-              "length-adjusted (slope) |")
+TABLE_HEAD = ("comparison", "n", "wins / losses / ties", "failures",
+              "ties: real / order disagreement / identical", "order agreement",
+              "decisive rate (ties out)", "Clopper-Pearson 95% (ties out)",
+              "sign-test p (ties out)", "p (Holm)", "win rate (ties half)",
+              "paired bootstrap 95% (ties half)", "failures as losses / as wins",
+              "length-adjusted (slope)")
 
 
 def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
-    lines = [TABLE_HEAD, "|" + "---|" * 14]
+    rows = []
     for c in comparisons:
         split = c.get("ties_split") or {}
         ties = " / ".join(str(split.get(k, 0)) for k in ("real", "order_disagreement",
@@ -198,17 +196,16 @@ def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
         s = c.get("sensitivity") or {}
         boot = interval(c.get("bootstrap_95")) if c.get("bootstrap_95") else \
             ("none: all outcomes equal" if "equal" in str(c.get("bootstrap_note")) else "-")
-        name = cell(c.get("name", "")) + (" (primary)" if c.get("primary") else "")
-        lines.append("| " + " | ".join([
+        name = md_cell(c.get("name", "")) + (" (primary)" if c.get("primary") else "")
+        rows.append([
             name, num(c.get("n")),
             " / ".join(num(c.get(k)) for k in ("wins", "losses", "ties")),
             num(c.get("failures")), ties, num(c.get("order_agreement")),
             num(c.get("decisive_rate")), interval(c.get("decisive_95")),
             pval(c.get("p_value")), pval(c.get("p_holm")), num(c.get("win_rate")), boot,
             f"{num(s.get('failures_as_losses'))} / {num(s.get('failures_as_wins'))}",
-            f"{num(c.get('length_adjusted_win_rate'))} ({num(c.get('length_slope'))})",
-        ]) + " |")
-    return lines
+            f"{num(c.get('length_adjusted_win_rate'))} ({num(c.get('length_slope'))})"])
+    return markdown_table(TABLE_HEAD, rows)
 
 
 LEGEND = ("Sign test: exact two-sided binomial test of wins against losses, ties left out; its "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config import Config
+from wim.markdown import markdown_table
 from wim.report.build import write_report_json
 from wim.rundir import RunDir
 
@@ -32,7 +33,6 @@ def render_online(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -
                   "numbers are mechanical, not evidence for or against WIM.", ""]
     keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
             "tie_rate/wim", "delta/numeric", "delta/wim"]
-    lines += ["| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    lines += [f"| {s['step']} | " + " | ".join(cell(s.get(k)) for k in keys) + " |"
-              for s in steps]
+    lines += markdown_table(["step", *keys], [[s["step"], *(cell(s.get(k)) for k in keys)]
+                                              for s in steps])
     return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config import Config
+from wim.markdown import markdown_table
 from wim.report.evaluation import evaluation_body
+from wim.report.sections import fmt_metric
 from wim.rundir import RunDir
 
 # Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
@@ -65,17 +67,8 @@ def render_rounds(cfg: Config, r: dict[str, Any], rounds: int,
     if evaluation:
         lines += ["## Blind evaluation: the final policy against its base (eval.json)", "",
                   *evaluation_body(evaluation), "## Per round", ""]
-    lines += ["| metric | " + " | ".join(f"round {i}" for i in range(1, rounds + 1)) + " |",
-              "|---" * (rounds + 1) + "|"]
-    for label, key in rows:
-        cells = [_cell(r.get(f"round/{i}/{key}")) for i in range(1, rounds + 1)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    numbers = range(1, rounds + 1)
+    lines += markdown_table(["metric", *(f"round {i}" for i in numbers)], [
+        [label, *(fmt_metric(r.get(f"round/{i}/{key}")).replace("|", "\\|") for i in numbers)]
+        for label, key in rows])
     return "\n".join(lines) + "\n"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value).replace("|", "\\|")

@@ -1,6 +1,6 @@
 """Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
 rendered by evaluation.py),
-plus the markdown helpers they share with wim/report/build.py (`md_cell`, `fmt`,
+plus the markdown helpers they share with wim/report/build.py (`fmt_metric`,
 `tie_delta_table`).
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
+from wim.markdown import markdown_table, md_cell
 from wim.metrics import PairStatistics
 from wim.records import RecordIndex, RecordsError, iter_records
 from wim.report.evaluation import evaluation_body
@@ -28,15 +29,8 @@ from wim.rundir import RunDir
 SYSTEMS = ("numeric", "wim", "mixed")
 
 
-def md_cell(text: Any) -> str:
-    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
-    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
-    text = " ".join(str(text).split())
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
-
-
-def fmt(value: Any, pct: bool = False) -> str:
+def fmt_metric(value: Any, pct: bool = False) -> str:
+    """A report.json metric: `n/a` when missing or NaN, a float to 3 decimals or as a percent."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if isinstance(value, float):
@@ -49,14 +43,11 @@ def tie_delta_table(heads: list[str], systems: list[str],
     """A markdown table: the `heads` columns, then the tie rate and the mean abs delta of each
     system. A row: its leading cells, a record, and the prefix of its keys in that record
     (`<prefix>tie_rate/<system>`, `<prefix>delta/<system>`)."""
-    lines = ["| " + " | ".join([*heads, *(f"tie rate {s}" for s in systems),
-                                *(f"delta {s}" for s in systems)]) + " |",
-             "|---" * (len(heads) + 2 * len(systems)) + "|"]
-    for cells, record, prefix in rows:
-        ties = [fmt(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems]
-        deltas = [fmt(record.get(f"{prefix}delta/{s}")) for s in systems]
-        lines.append("| " + " | ".join([*cells, *ties, *deltas]) + " |")
-    return lines
+    header = [*heads, *(f"tie rate {s}" for s in systems), *(f"delta {s}" for s in systems)]
+    return markdown_table(header, [
+        [*cells, *(fmt_metric(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems),
+         *(fmt_metric(record.get(f"{prefix}delta/{s}")) for s in systems)]
+        for cells, record, prefix in rows])
 
 
 def _round_list(value: Any) -> list[dict[str, Any]]:
@@ -96,7 +87,7 @@ def rounds_lines(value: Any) -> list[str]:
     rounds = _round_list(value)
     if not rounds:
         return []
-    rows = [([str(r["round"]), fmt(r.get("pairs/count"))], r, "pairs/") for r in rounds]
+    rows = [([str(r["round"]), fmt_metric(r.get("pairs/count"))], r, "pairs/") for r in rounds]
     return ["", "## Per round", "", *tie_delta_table(["round", "pairs"], list(SYSTEMS), rows)]
 
 
@@ -111,7 +102,7 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     if isinstance(who, dict) and who:
         lines += ["Evaluator: " + "; ".join(f"{md_cell(k)} {md_cell(v)}"
                                             for k, v in who.items())
-                  + f"; held-out prompts: {fmt(evaluation.get('held_out_prompts'))}.", ""]
+                  + f"; held-out prompts: {fmt_metric(evaluation.get('held_out_prompts'))}.", ""]
     return lines + evaluation_body(evaluation)
 
 
@@ -148,8 +139,8 @@ def agreement_lines(agreement: dict[str, Any] | None) -> list[str]:
     lines = ["", "## Agreement with the source's own preferences", "",
              f"The source ({md_cell(agreement.get('source'))}) says which response is better "
              f"({md_cell(agreement.get('labels'))}); one labelled pair per prompt "
-             f"({fmt(agreement.get('pairs'))} pairs; "
-             f"{fmt(agreement.get('label_ties'))} prompts whose responses the source rates "
+             f"({fmt_metric(agreement.get('pairs'))} pairs; "
+             f"{fmt_metric(agreement.get('label_ties'))} prompts whose responses the source rates "
              "alike left out). Accuracy: how often a system scores the source's better "
              "response higher (a tie counts as half; strict: as wrong); failures (a judgement "
              "that did not parse) are counted, not ranked. The same table as `wim validity`.",
@@ -168,7 +159,7 @@ def source_lines(r: dict[str, Any]) -> list[str]:
     sha = str(r.get("generate/source_sha256") or "")
     return [f"Responses not sampled: read from {md_cell(r['generate/source'])} (shape "
             f"{md_cell(r.get('generate/source_shape'))}, sha256 {sha[:16]}...): "
-            f"{fmt(r.get('generate/records'))} responses to "
-            f"{fmt(r.get('generate/source_prompts'))} prompts; "
-            f"{fmt(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
+            f"{fmt_metric(r.get('generate/records'))} responses to "
+            f"{fmt_metric(r.get('generate/source_prompts'))} prompts; "
+            f"{fmt_metric(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
             f"responses skipped. Written by: {listed}.", ""]

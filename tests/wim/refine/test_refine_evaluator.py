@@ -8,8 +8,8 @@ from wim.backends import Backend, Completion
 from wim.judges import Judge, Judgement
 from wim.refine.evaluator import (
     LoopEvaluator,
+    parse_accept_reject,
     parse_criterion,
-    parse_verdict,
     parse_vote,
     raise_flags,
 )
@@ -26,9 +26,9 @@ def test_unparseable_criterion_is_none(text):
     assert parse_criterion(text) is None
 
 
-def test_parse_verdict_and_vote():
-    assert parse_verdict(" Accept.") == "accept" and parse_verdict("reject") == "reject"
-    assert parse_verdict(" 1. The answer") is None
+def test_parse_accept_reject_and_vote():
+    assert parse_accept_reject(" Accept.") == "accept" and parse_accept_reject("reject") == "reject"
+    assert parse_accept_reject(" 1. The answer") is None
     assert parse_vote(" yes") is True and parse_vote(" no") is False
     assert parse_vote(" correct") is True and parse_vote(" Wrong.") is False
     assert parse_vote(" maybe") is None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from wim.config.refine import RefineDynamicConfig
 from wim.refine.stopping import (
-    DynamicParams,
     Step,
     dynamic,
     dynamic_rule,
@@ -13,8 +13,8 @@ from wim.refine.stopping import (
 )
 from wim.refine.vrr import VRRParams
 
-P = DynamicParams(reject_streak=3, window=3, min_progress=0.01, stability_window=3,
-                  stability_eps=0.01)
+P = RefineDynamicConfig(reject_streak=3, window=3, min_progress=0.01, stability_window=3,
+                        stability_eps=0.01)
 OFF = 10**6  # a window too long to fire
 
 
@@ -33,7 +33,7 @@ def test_hard_cap_uses_eight_attempts_and_keeps_the_retained_answer():
 
 
 def test_rejection_streak_fires_at_exactly_the_streak():
-    p = DynamicParams(reject_streak=3, window=OFF, stability_window=OFF)
+    p = RefineDynamicConfig(reject_streak=3, window=OFF, stability_window=OFF)
     steps = steps_from([True, False, False, True, False, False, False, True],
                        [0.6] * 8, [0.1, 0.2, 0.3, 0.7, 0.1, 0.2, 0.3, 0.9])
     assert dynamic_rule(steps, 0.5, 3, p) is None  # two rejections only
@@ -43,7 +43,7 @@ def test_rejection_streak_fires_at_exactly_the_streak():
 
 
 def test_low_progress_fires_below_min_progress_not_at_it():
-    p = DynamicParams(reject_streak=OFF, window=3, min_progress=0.01, stability_window=OFF)
+    p = RefineDynamicConfig(reject_streak=OFF, window=3, min_progress=0.01, stability_window=OFF)
     accepted = [True, True, True, True]
     # retained after 1..4: 0.6, 0.6, 0.6, 0.61: over attempts 2..4 the rise is 0.01 (= min).
     at = steps_from(accepted, [0.6, 0.6, 0.6, 0.61], [0.6, 0.6, 0.6, 0.61])
@@ -57,7 +57,7 @@ def test_low_progress_fires_below_min_progress_not_at_it():
 
 
 def test_stability_fires_within_eps_inclusive():
-    p = DynamicParams(reject_streak=OFF, window=OFF, stability_window=3, stability_eps=0.01)
+    p = RefineDynamicConfig(reject_streak=OFF, window=OFF, stability_window=3, stability_eps=0.01)
     accepted = [True, False, True, False, True]
     steady = steps_from(accepted, [0.5] * 5, [0.3, 0.7, 0.50, 0.505, 0.51])
     assert dynamic_rule(steady, 0.5, 4, p) is None  # 0.7, 0.5, 0.505

@@ -1,4 +1,4 @@
-"""The score stage: scores.jsonl from judgements.jsonl (no judge calls), streamed.
+"""The score stage (`wim score`): scores.jsonl from judgements.jsonl (no judge calls), streamed.
 
 Judgements are read record by record and scored in batches of `scoring.batch_size`: each
 batch is validated (another tool may have written the file), its similarities are looked up in
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from data_gen.similarity_store import STORE, SimilarityStore, pair_key, text_key
-from data_gen.stages import _write_stats
+from data_gen.stages import Shard
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, iter_records, record_key
 from wim.rundir import RunDir, RunDirError
@@ -39,6 +39,12 @@ from wim.scoring import (
 )
 
 _PROGRESS = "stats/score_progress.json"  # the settings of a pass under way (for resume)
+
+
+def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
+              fingerprint: str) -> dict[str, Any]:
+    # `res`: the run's Resources (data_gen/pipeline.py, which imports this module).
+    return score_run(cfg, run, progress=progress)
 
 
 def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
@@ -89,7 +95,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
              "score/fallback_rating": counts["fallback_rating"],
              "score/fallback_critique": counts["fallback_critique"]}
     stats.update(lazy.stats())
-    _write_stats(run, "score", stats)
+    run.write_stats("score", stats)
     return stats
 
 
@@ -170,7 +176,9 @@ def _window(cfg: Config, embedder) -> int:
     if cfg.scoring.backend == "http":
         from wim.config import scoring_http
 
-        return max(1, scoring_http(cfg).concurrency // 2)  # two texts a judgement
+        h = scoring_http(cfg)
+        cap = h.max_concurrency if h.concurrency == "auto" else h.concurrency
+        return max(1, cap // 2)  # two texts a judgement
     return 1
 
 

@@ -1,16 +1,84 @@
-"""`wim run`, the single stages (generate, judge, score, pairs, train, report), `wim merge` and
-`wim export`: a run directory's commands."""
+"""The `wim` command: the entry point and the command layer, at the top of the layers
+(wim <- data_gen <- training), so it alone may call every package (docs/design.md, "Layout").
+
+`main` parses the arguments (parser.py), runs the command's function from `COMMANDS` and maps
+errors to exit codes: 2 for the user's to fix (one paragraph), 3 for work that lost records to a
+backend (`StageIncomplete`: the same command finishes it), 130 for Ctrl-C. The commands:
+- here: `wim run` and the single stages (generate, judge, score, pairs, train, report), `wim
+  merge`, `wim export`; each stage is one module (training/run.py lists them);
+- evaluation.py: `wim eval`, `wim compare`, `wim validity`;
+- refinement.py: `wim refine`, `wim refine-2x2`, `wim vrr simulate|calibrate`.
+What every command shares is written once: the lock on the folder it writes (`RunDir.lock()`,
+named after the command line) and the exit codes. Heavy imports happen inside the commands, so
+`wim --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from wim.config import ConfigError, apply_overrides, config_from_dict, read_yaml
-from wim.errors import StageIncomplete
+from wim.cli import evaluation, refinement
+from wim.cli.parser import build_parser
+from wim.config import ConfigError, load_config
+from wim.errors import StageIncomplete, WimError
 from wim.rundir import RunDir
+
+# Our packages and the HTTP library.
+_VERBOSE_LOGGERS = ("wim", "data_gen", "training", "aiohttp")
+
+
+def _set_up_logging(verbose: bool) -> None:
+    """Warnings and our INFO lines; with --verbose our DEBUG lines too, one per HTTP request
+    among them. Other libraries' DEBUG lines stay off either way."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for name in _VERBOSE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.NOTSET)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _set_up_logging(args.verbose)
+    try:
+        return run_command(args)
+    except KeyboardInterrupt:
+        print("wim: interrupted; finished records are kept, run the same command to resume.",
+              file=sys.stderr)
+        return 130
+    except WimError as err:  # the user's to fix: one paragraph; anything else keeps its traceback
+        print(f"wim: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a write the file system refused (disk full, permissions, ...)
+        if not _is_storage_error(err):
+            raise
+        from wim.records import storage_error
+
+        print(f"wim: error: {storage_error(err, err.filename or getattr(args, 'out', None))}",
+              file=sys.stderr)
+        return 2
+
+
+def _is_storage_error(err: OSError) -> bool:
+    """A write refused by the file system (disk full, permissions, ...), wherever it came from
+    (our writers wrap theirs; this catches the libraries': datasets, the trainer, plots)."""
+    from wim.records import STORAGE_ERRNOS
+
+    return err.errno in STORAGE_ERRNOS
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit code (3: incomplete, run the same command again)."""
+    name = f"vrr {args.vrr_command}" if args.command == "vrr" else args.command
+    try:
+        return COMMANDS[name](args)
+    except StageIncomplete as err:
+        # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
+        print(f"wim: incomplete: {err}", file=sys.stderr)
+        return 3
 
 
 def stage_command(args: argparse.Namespace) -> int:
@@ -19,7 +87,7 @@ def stage_command(args: argparse.Namespace) -> int:
     from data_gen.pipeline import DATA_STAGES, Resources, run_stages
     from data_gen.stages import Shard
 
-    cfg, out = resolve(args)
+    cfg, out = config_and_run_dir(args)
     _check_rounds_command(cfg, args, out)
     if _distributed() and args.command == "train":
         return _train_distributed(cfg, out, args)
@@ -48,7 +116,7 @@ def stage_command(args: argparse.Namespace) -> int:
         try:
             result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
                             resources=resources)
-        except StageIncomplete as err:  # the stats so far, then exit 3 (training.commands)
+        except StageIncomplete as err:  # the stats so far, then exit 3 (run_command)
             run.save_config(cfg, str(shard) if shard else None)
             print(json.dumps({k: v for k, v in err.stats.items() if not isinstance(v, dict)},
                              indent=2))
@@ -77,25 +145,15 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve(args: argparse.Namespace):
+def config_and_run_dir(args: argparse.Namespace):
     """(config, run directory path) from a YAML file or an existing run directory."""
-    from wim.rundir import RunDir
-
     source = Path(args.source)
     if source.is_dir():
-        meta = RunDir(source).read_meta()
-        if meta is None:
-            raise ConfigError(f"{source} is a folder but holds no run (no resolved_config.yaml).")
-        data, origin = meta["config"], f"{source / 'resolved_config.yaml'}"
-        out = Path(args.out) if args.out else source
-    else:
-        data, origin = read_yaml(source), str(source)
-        if not args.out:
-            raise ConfigError(f"give the run directory with --out (for example --out runs/"
-                              f"{source.stem}).")
-        out = Path(args.out)
-    cfg = config_from_dict(apply_overrides(data, args.overrides), source=origin)
-    return cfg, out
+        return RunDir(source).load_config(args.overrides), Path(args.out) if args.out else source
+    if not args.out:
+        raise ConfigError(f"give the run directory with --out (for example --out runs/"
+                          f"{source.stem}).")
+    return load_config(source, args.overrides), Path(args.out)
 
 
 def _check_rounds_command(cfg, args, out: Path) -> None:
@@ -135,9 +193,7 @@ def _train_distributed(cfg, out: Path, args) -> int:
 
     from data_gen.fingerprints import input_fingerprint, record_finished
     from training.placement import process_state
-    from training.run import train_run
-    from wim.rundir import RunDir
-
+    from training.train import train_run
     run = RunDir(out)
     state = process_state()
     lock = (run.lock() if state.is_main_process
@@ -168,3 +224,23 @@ def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": stage_command,
+    "generate": stage_command,
+    "judge": stage_command,
+    "score": stage_command,
+    "pairs": stage_command,
+    "train": stage_command,
+    "report": stage_command,
+    "merge": merge_command,
+    "export": export_command,
+    "eval": evaluation.eval_command,
+    "compare": evaluation.compare_command,
+    "validity": evaluation.validity_command,
+    "refine": refinement.refine_command,
+    "refine-2x2": refinement.refine_2x2_command,
+    "vrr simulate": refinement.vrr_simulate_command,
+    "vrr calibrate": refinement.vrr_calibrate_command,
+}

@@ -6,26 +6,15 @@ import json
 import sys
 from pathlib import Path
 
-from wim.config import ConfigError, apply_overrides, config_from_dict, load_config
+from wim.config import load_config
 from wim.rundir import RunDir
-
-
-def run_config(folder: Path, overrides: list[str]):
-    """A run directory's saved config with `--set` overrides (e.g. blind.mode=pointwise)."""
-    run = RunDir(folder)
-    meta = run.read_meta()
-    if meta is None:
-        raise ConfigError(f"{folder} holds no run (no resolved_config.yaml); give the folder "
-                          "of a finished `wim run`.")
-    return config_from_dict(apply_overrides(meta["config"], overrides),
-                            source=str(run.config_file))
 
 
 def eval_command(args) -> int:
     from training.evaluate import evaluate_run
 
     run = RunDir(Path(args.run))
-    cfg = run_config(run.path, args.overrides)
+    cfg = run.load_config(args.overrides)
     against = [RunDir(Path(d)) for d in args.against]
     with run.lock():
         report = evaluate_run(cfg, run, against, limit=args.limit,

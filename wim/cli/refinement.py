@@ -14,13 +14,12 @@ def refine_command(args: argparse.Namespace) -> int:
     """`wim refine CONFIG --out DIR`."""
     import yaml
 
-    from wim.config import apply_overrides, config_from_dict, read_yaml
+    from wim.config import load_config
     from wim.prompts import load_prompts
     from wim.refine import runner, summary
     from wim.rundir import RunDir
 
-    cfg = config_from_dict(apply_overrides(read_yaml(args.source), args.overrides),
-                           source=args.source)
+    cfg = load_config(args.source, args.overrides)
     p = cfg.prompts
     prompts = load_prompts(p.source, split=p.split, limit=p.limit)
     out = Path(args.out)

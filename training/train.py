@@ -1,8 +1,9 @@
-"""Offline DPO: train a LoRA adapter with `trl.DPOTrainer` on a run's `pairs.jsonl`.
+"""The train stage (`wim train`, and `wim run` after pairs): offline DPO, a LoRA adapter trained
+with `trl.DPOTrainer` on a run's `pairs.jsonl` into DIR/train/.
 
 The reference model is the base model with the adapter disabled (TRL does this when it gets a
 `peft_config`), so only one copy of the weights is in memory. torch, trl, peft and datasets are
-imported inside functions so that `import training.dpo` stays cheap.
+imported inside functions so that `import training.train` stays cheap.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from data_gen.pipeline import Resources
+from data_gen.stages import Shard
 from training.cpu_attention import training_attention
 from training.placement import (
     gathered,
@@ -22,10 +26,12 @@ from training.placement import (
     save_adapter,
 )
 from training.trl_config import dpo_config
+from wim.backends.adapter_serving import serve_adapter
 from wim.config import Config
 from wim.errors import InputError
 from wim.models import load_causal_lm
 from wim.records import RecordsError
+from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +39,40 @@ logger = logging.getLogger(__name__)
 TRL_COLUMNS = ["prompt", "chosen", "rejected"]
 
 
+def run_stage(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
+              fingerprint: str) -> dict[str, Any]:
+    return train_run(cfg, run, progress, resume_key=fingerprint, resources=res)
+
+
+def train_run(cfg: Config, run: RunDir, progress: bool = True,
+              resume_key: str | None = None, resources: Resources | None = None
+              ) -> dict[str, Any]:
+    """DPO on the run's pairs, on the shared model when `resources` holds one (trained in
+    place: the next round samples and judges with the new adapter)."""
+    start = time.perf_counter()
+    # The dtype is decided here, where training runs (a directory made on a CPU trains in
+    # bfloat16 on a GPU); a policy already in memory in the run's dtype trains under autocast.
+    cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
+    lm = resources.trainable_lm(cfg.policy.dtype) if resources is not None else None
+    metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
+                                     resume_key=resume_key, lm=lm)
+    if lm is not None:
+        resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
+    if (cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm"
+            and process_state().is_main_process):
+        # The next round (and `wim eval`) samples by this name on the policy's server.
+        metrics["train/served_adapter"] = serve_adapter(cfg.http, run.file("train") / "adapter")
+    metrics["time/train"] = time.perf_counter() - start
+    if process_state().is_main_process:
+        run.write_stats("train", metrics)
+    return metrics
+
+
 def train_dpo_model(
     cfg: Config,
     pairs_path: str | Path,
     out_dir: str | Path,
     *,
-    model_name: str | None = None,
     progress: bool = True,
     resume_key: str | None = None,
     lm: tuple[Any, Any] | None = None,
@@ -80,7 +114,7 @@ def train_dpo_model(
     dataset = _load_pairs(pairs_path)
 
     if lm is None:
-        lm = load_causal_lm(model_name or cfg.policy.model,
+        lm = load_causal_lm(cfg.policy.model,
                             load_in_4bit=cfg.training.load_in_4bit, dtype=cfg.policy.dtype)
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)

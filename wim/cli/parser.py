@@ -1,15 +1,9 @@
-"""The `wim` command: it parses the arguments and hands them to the command layer
-(training/commands/, one function per command in its `COMMANDS` table), imported only then, so
-`wim --help` stays fast. Errors become exit codes here: 2 for the user's to fix (one paragraph),
-130 for Ctrl-C; 3 (incomplete) is the command layer's."""
+"""The `wim` command line: every command and its arguments (`build_parser`). Parsing imports
+nothing heavy, so `wim --help` stays fast."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-
-from wim.errors import WimError
 
 STAGE_COMMANDS = {
     "generate": "sample k responses per prompt from the policy (samples.jsonl)",
@@ -138,52 +132,3 @@ def add_refine_parsers(sub) -> None:
     cal.add_argument("--j-min", type=float, default=0.2, help="choose stop when J >= this, "
                      "else guard (default 0.2)")
     cal.add_argument("--json", action="store_true", help="print compact JSON")
-
-
-# Our packages, and the HTTP libraries (httpx logs one INFO line per request).
-_VERBOSE_LOGGERS = ("wim", "data_gen", "training", "httpx", "aiohttp")
-
-
-def _set_up_logging(verbose: bool) -> None:
-    """Warnings and our INFO lines; with --verbose our DEBUG lines too, one per HTTP request
-    among them. Other libraries' DEBUG lines stay off either way."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in _VERBOSE_LOGGERS:
-        quiet = logging.WARNING if name == "httpx" else logging.NOTSET
-        logging.getLogger(name).setLevel(logging.DEBUG if verbose else quiet)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _set_up_logging(args.verbose)
-    from training.commands import run_command  # the command layer, at the top of the layers
-
-    try:
-        return run_command(args)
-    except KeyboardInterrupt:
-        print("wim: interrupted; finished records are kept, run the same command to resume.",
-              file=sys.stderr)
-        return 130
-    except WimError as err:  # the user's to fix: one paragraph; anything else keeps its traceback
-        print(f"wim: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a write the file system refused (disk full, permissions, ...)
-        if not _is_storage_error(err):
-            raise
-        from wim.records import storage_error
-
-        print(f"wim: error: {storage_error(err, err.filename or getattr(args, 'out', None))}",
-              file=sys.stderr)
-        return 2
-
-
-def _is_storage_error(err: OSError) -> bool:
-    """A write refused by the file system (disk full, permissions, ...), wherever it came from
-    (our writers wrap theirs; this catches the libraries': datasets, the trainer, plots)."""
-    from wim.records import STORAGE_ERRNOS
-
-    return err.errno in STORAGE_ERRNOS
-
-
-if __name__ == "__main__":
-    sys.exit(main())

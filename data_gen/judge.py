@@ -1,0 +1,139 @@
+"""The judge stage (`wim judge`): a verdict on every sample into judgements.jsonl, by the judge
+the config names (`make_judge`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from data_gen.flow import batch_window, ordered_map
+from data_gen.stages import (
+    Shard,
+    backend_stats,
+    batch_seed,
+    progress_bar,
+    prompt_batches,
+    token_stats,
+)
+from wim.backends import TransformersBackend, open_backend, open_http_backend
+from wim.config import Config, judge_http
+from wim.judges import BackendJudge, Judge, configured_judge
+from wim.prompts import Prompt, PromptRef
+from wim.records import JsonlAppender, KeySet, RecordIndex, iter_keyed, record_key
+from wim.rundir import RunDir
+
+
+def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
+              fingerprint: str) -> dict[str, Any]:
+    # `res`: the run's Resources (data_gen/pipeline.py, which imports this module).
+    return judge_samples(cfg, run, res.batch_prompts(), res.judge(), shard, progress)
+
+
+def make_judge(cfg: Config, policy) -> BackendJudge:
+    """The judge for `cfg.judge.role`; `policy` is a callable returning the policy backend."""
+    j = cfg.judge
+    if j.role == "external" and j.backend == "http":
+        http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
+        backend = open_http_backend(http)
+        name = http.model
+    elif j.role == "external":
+        backend = open_backend(j.backend, j.model, cfg.http, batch_size=j.batch_size,
+                               dtype=j.dtype)
+        name = j.model
+    else:
+        backend = policy()
+        name = cfg.policy.model
+        if j.role == "fixed" and isinstance(backend, TransformersBackend):
+            backend = backend.reference_view(batch_size=j.batch_size)
+        elif j.role == "fixed" and cfg.policy.backend == "http" and cfg.policy.adapter:
+            # The base model's served name: the frozen reference by construction.
+            backend = open_http_backend(cfg.http, cfg.policy.model)
+        elif cfg.policy.adapter:
+            name = f"{name} + adapter {cfg.policy.adapter}"
+    return configured_judge(j, backend, role=j.role, model_name=name)
+
+
+def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef], judge: Judge,
+                  shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
+    """Judge every sample into judgements.jsonl, one generation batch at a time, with several
+    batches in flight when the judge's backend serves many requests at once (data_gen/flow.py);
+    records are still written batch by batch in batch order. samples.jsonl is indexed (the
+    offsets of each prompt's records), and a batch's samples are read when it runs."""
+    samples = RecordIndex(run.samples)
+    if not len(samples):
+        run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
+    done, failed = _judged_keys(run)
+    batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    start, tokens, lost = time.perf_counter(), 0, 0
+    bar = progress_bar(sum(samples.sample_count(p.id) for _, batch in batches for p in batch),
+                       "judge", progress)
+    overlong = {"truncated": 0, "skipped": 0}
+
+    def todo():  # batches with a sample not judged yet, their samples read as they are needed
+        for b, batch in batches:
+            records = samples.read(p.id for p in batch)
+            fits = judge.fit([(r["prompt"], r["response"]) for r in records],
+                             cfg.judge.overlong, cfg.judge.max_input_tokens)
+            overlong["truncated"] += sum(cut for _, cut in fits)
+            overlong["skipped"] += sum(item is None for item, _ in fits)
+            live = [(r, item, cut) for r, (item, cut) in zip(records, fits, strict=True)
+                    if item is not None]
+            missing = sum(record_key(r) not in done for r, _, _ in live)
+            bar.update(len(records) - missing)
+            if missing:
+                yield b, live, missing
+
+    def ask(item):
+        b, live, _ = item
+        return judge.judge([it for _, it, _ in live], seed=batch_seed(cfg.seed, "judge", b))
+
+    window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
+    with JsonlAppender(run.judgements) as out:
+        for (_, live, missing), results in ordered_map(ask, todo(), window):
+            new = [(r, cut, res) for (r, _, cut), res in zip(live, results, strict=True)
+                   if record_key(r) not in done]
+            # A backend failure is no verdict: left out, so the next run judges it again.
+            lost += sum(res.backend_failed for _, _, res in new)
+            records = [_judgement_record(r, judge, res, cut) for r, cut, res in new
+                       if not res.backend_failed]
+            out.write_all(records)
+            bar.update(missing)
+            failed += sum(not r["parse_ok"] for r in records)
+            tokens += sum(r["completion_tokens"] for r in records)
+            bar.set_postfix(parse_failed=failed, backend_failed=lost,
+                            tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
+    bar.close()
+    stats = token_stats(run.judgements, "judge", "judge")
+    stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
+                  "judge/skipped_overlong": overlong["skipped"],
+                  "time/judge": time.perf_counter() - start})
+    stats.update(backend_stats(getattr(judge, "backend", None), "judge"))
+    run.write_stats("judge", stats)
+    return stats
+
+
+def _judged_keys(run: RunDir) -> tuple[KeySet, int]:
+    """The keys of the judgements already written and how many of them failed to parse."""
+    keys, failed = KeySet(), 0
+    for _, r in iter_keyed(run.judgements):
+        keys.add(record_key(r))
+        failed += not r["parse_ok"]
+    return keys, failed
+
+
+def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
+    record = {k: v for k, v in sample.items() if k not in ("prompt_tokens", "completion_tokens")}
+    record.update(
+        judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
+        rating=res.rating, raw_judge_text=res.raw, parse_ok=res.parse_ok,
+        parse_error=res.error, attempts=res.attempts, echoed_attempts=res.echoed_attempts,
+        prompt_tokens=res.prompt_tokens,
+        completion_tokens=res.completion_tokens,
+    )
+    if truncated:  # the judge saw the prompt cut from the middle (the response whole)
+        record["judge_prompt_truncated"] = True
+    served = getattr(judge, "served_model", None)
+    if served:  # which name the server judged by (base model, or a round's adapter)
+        record["judge_served_model"] = served
+    return record
