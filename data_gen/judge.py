@@ -27,6 +27,12 @@ from wim.rundir import RunDir
 def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
     # `res`: the run's Resources (data_gen/pipeline.py, which imports this module).
+    results = getattr(res, "batch_results", None)  # `wim judge DIR --batch-results OUT...`
+    submit = getattr(res, "batch_submit", False)  # `wim judge DIR --batch-submit`
+    if cfg.judge.batch or results or submit:
+        from data_gen.judge_batch import judge_by_batch
+
+        return judge_by_batch(cfg, run, res, shard, results, submit, _judgement_record)
     return judge_samples(cfg, run, res.batch_prompts(), res.judge(), shard, progress)
 
 

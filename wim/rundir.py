@@ -80,8 +80,10 @@ def identity(cfg: Config) -> dict:
     for key in SCORING_KEYS:
         section, name = key.split(".")
         ident[section] = {k: v for k, v in ident[section].items() if k != name}
-    # How the judge's requests are sent is not its identity; which server model answers is.
-    ident["judge"] = {k: v for k, v in ident["judge"].items() if k != "http"}
+    # How the judge's requests are sent (live or in batch files) is not its identity; which
+    # server model answers is.
+    ident["judge"] = {k: v for k, v in ident["judge"].items()
+                      if k not in ("http", "batch", "batch_retry")}
     if cfg.policy.backend == "http":
         ident["http"] = _http_identity(cfg.http)
     if judge_uses_http(cfg):

@@ -108,6 +108,9 @@ def stage_command(args: argparse.Namespace) -> int:
 
         runner, stages = run_stages_with_training, (args.command,)
     resources = Resources(cfg)
+    # Read by the judge stage (data_gen/judge_batch.py).
+    resources.batch_results = getattr(args, "batch_results", None)
+    resources.batch_submit = getattr(args, "batch_submit", False)
     if {"generate", "judge"} & set(stages):
         resources.check_inputs()  # a bad prompts file fails before the run directory is touched
     run = RunDir(out)

@@ -40,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(run, "experiment YAML (e.g. configs/quickstart.yaml)")
     run.add_argument("--skip-train", action="store_true", help="stop after building pairs")
     for name, text in STAGE_COMMANDS.items():
-        add_common(sub.add_parser(name, help=text), "experiment YAML or an existing run directory")
+        stage = sub.add_parser(name, help=text)
+        add_common(stage, "experiment YAML or an existing run directory")
+        if name == "judge":
+            stage.add_argument("--batch-results", nargs="+", metavar="OUT",
+                               help="take in Batch API output files (`vllm run_batch -o OUT`, "
+                               "or OpenAI's) for the requests judge.batch wrote")
+            stage.add_argument("--batch-submit", action="store_true",
+                               help="send the batch request files to the Files and Batches API "
+                               "at judge.http (once); `wim judge DIR` then collects the answers")
     export = sub.add_parser("export", help="write the policy with the trained adapter merged "
                             "in: an ordinary transformers model folder")
     export.add_argument("dir", help="a finished run directory (its last round's adapter)")

@@ -55,6 +55,13 @@ class JudgeConfig:
     """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
     (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
     server refuses it (`http/judge/guided_refused`). false: plain text only."""
+    batch: bool = False
+    """External http judge: `wim judge` writes the requests as OpenAI Batch JSONL files
+    (DIR/batch/requests-*.jsonl, for `vllm run_batch` or OpenAI's Batch API) and stops; `wim
+    judge DIR --batch-results OUT...` then takes the answers in (docs/design.md, "Judging")."""
+    batch_retry: Literal["live", "batch"] = "live"
+    """Batch judging: a judgement that fails to parse is asked again `live` (at judge.http), or
+    written to DIR/batch/retry-requests-*.jsonl for another batch (`batch`)."""
     http: EndpointConfig = field(default_factory=EndpointConfig)
     """The external http judge's own endpoint (`judge.backend: http`), field by field
     defaulting to `http:`; then the policy samples on one server and the judge answers on
