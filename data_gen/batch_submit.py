@@ -95,7 +95,7 @@ def submitted_path(run: RunDir) -> Path:
     return run.path / "batch" / "submitted.json"
 
 
-def submit(cfg: Config, run: RunDir, files: list[Path]) -> dict:
+def submit(cfg: Config, run: RunDir, files: list[Path]) -> None:
     """Upload each request file and start its batch, once (module docstring)."""
     api, path = BatchAPI(cfg), submitted_path(run)
     state = json.loads(path.read_text()) if path.exists() else {"batches": {}}
@@ -121,7 +121,6 @@ def submit(cfg: Config, run: RunDir, files: list[Path]) -> dict:
                                      "metadata": {"wim_file": file.name}})["id"]
             entry["state"] = "submitted"
             _save(path, state)
-    return state
 
 
 def collect(cfg: Config, run: RunDir) -> list[str]:

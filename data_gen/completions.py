@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,7 @@ class CompletionCounts:
         (s for s, _ in RANKED_BY), 0))
 
     def as_facts(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "responses": self.responses,
-                "parse_failed": self.parse_failed, "unranked": dict(self.unranked)}
+        return asdict(self)
 
 
 def ranks(values: list[float | None]) -> list[int | None]:

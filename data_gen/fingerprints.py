@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import reduce
+from operator import getitem
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,8 @@ def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
     what = {
         "stage": stage,
         "identity": identity(cfg),
-        "sections": {name: _value(data, name) for name in sections},
+        # A section (`scoring`) or one key of one (`judge.on_parse_failure`).
+        "sections": {name: reduce(getitem, name.split("."), data) for name in sections},
         "shard": shard,
         "prompts": prompts_sha if stage in ("generate", "judge") else None,
         "inputs": {name: file_sha256(run.file(name)) for name in _inputs(run, stage, inputs)},
@@ -83,41 +86,29 @@ def _inputs(run: RunDir, stage: str, inputs: tuple[str, ...]) -> list[str]:
     return names
 
 
-def _value(data: dict, dotted: str) -> Any:
-    """A section (`scoring`) or one key of one (`judge.on_parse_failure`)."""
-    for part in dotted.split("."):
-        data = data[part]
-    return data
-
-
 def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:
     return {name: file_sha256(run.file(name)) for name in STAGE_FILES[stage][2]}
-
-
-def _stats_path(run: RunDir, stage: str) -> Path:
-    return run.file("stats") / f"{stage}.json"
 
 
 def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] | None:
     """The saved stats of `stage` when it finished with this input fingerprint and its
     outputs are untouched since; None when it must run."""
-    path = _stats_path(run, stage)
+    path = run.file(f"stats/{stage}.json")
     try:
         stats = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     saved = stats.pop("fingerprint", None) or {}
     outputs = _outputs(run, stage)
-    if saved.get("inputs") != fingerprint or saved.get("outputs") != outputs:
-        return None
-    if any(v is None for v in outputs.values()):
+    if (saved.get("inputs") != fingerprint or saved.get("outputs") != outputs
+            or any(v is None for v in outputs.values())):
         return None
     return stats
 
 
 def record_finished(run: RunDir, stage: str, fingerprint: str) -> None:
     """Add the fingerprint to `stats/<stage>.json` (created for stages without stats)."""
-    path = _stats_path(run, stage)
+    path = run.file(f"stats/{stage}.json")
     try:
         stats = json.loads(path.read_text()) if path.exists() else {}
         stats["fingerprint"] = {"inputs": fingerprint, "outputs": _outputs(run, stage)}

@@ -7,15 +7,8 @@ import logging
 import time
 from typing import Any
 
+from data_gen import stages
 from data_gen.flow import batch_window, ordered_map
-from data_gen.stages import (
-    Shard,
-    backend_stats,
-    batch_seed,
-    progress_bar,
-    prompt_batches,
-    token_stats,
-)
 from wim.backends import Backend, SamplingParams
 from wim.config import Config
 from wim.context import fit_messages, token_budget
@@ -27,20 +20,19 @@ from wim.rundir import RunDir
 logger = logging.getLogger(__name__)
 
 
-def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
+def run_stage(cfg: Config, run: RunDir, res: Any, shard: stages.Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
     # `res`: the run's Resources (data_gen/pipeline.py, which imports this module).
     if cfg.generation.source is not None:  # existing responses: nothing sampled, no policy
         from data_gen.sourced import import_samples
 
-        source, sha = res.source()
-        return import_samples(cfg, run, source, sha, shard, progress)
+        return import_samples(cfg, run, res, shard, progress)
     write_split(run.path, res.prompts(), res.held_out())
     return generate_samples(cfg, run, res.prompts(), res.policy(), shard, progress)
 
 
 def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: Backend,
-                     shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
+                     shard: stages.Shard | None = None, progress: bool = True) -> dict[str, Any]:
     """Sample k responses per prompt into samples.jsonl, skipping batches already done.
 
     A prompt longer than the context is cut or skipped (generation.overlong, wim/context.py)
@@ -50,10 +42,10 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)
     done = read_keys(run.samples)
-    batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    batches = stages.prompt_batches(prompts, cfg.generation.batch_size, shard)
     fits = _fit_prompts(cfg, [p for _, batch in batches for p in batch], backend)
     start, new_tokens, failed = time.perf_counter(), 0, 0
-    bar = progress_bar(sum(len(b) for _, b in batches) * k, "generate", progress)
+    bar = stages.progress_bar(sum(len(b) for _, b in batches) * k, "generate", progress)
 
     def todo():  # the batches with a missing sample, read lazily by ordered_map
         for b, batch in batches:
@@ -68,7 +60,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
         # to an uninterrupted run; only the missing ones are written.
         b, live, _ = item
         return backend.generate([fits[p.id][0] for p in live], params, n=k,
-                                seed=batch_seed(cfg.seed, "generate", b))
+                                seed=stages.batch_seed(cfg.seed, "generate", b))
 
     window = batch_window(backend.max_in_flight, cfg.generation.batch_size)
     with JsonlAppender(run.samples) as out:
@@ -88,14 +80,14 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
             bar.update(missing)
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = token_stats(run.samples, "generate", "policy")
+    stats = stages.token_stats(run.samples, "generate", "policy")
     stats.update({
         "generate/backend_failed": failed,
         "generate/truncated": sum(truncated for _, truncated in fits.values()),
         "generate/skipped_overlong": sum(msgs is None for msgs, _ in fits.values()),
         "time/generate": time.perf_counter() - start,
     })
-    stats.update(backend_stats(backend, "policy"))
+    stats.update(stages.backend_stats(backend, "policy"))
     run.write_stats("generate", stats)
     return stats
 

@@ -4,18 +4,11 @@ the config names (`make_judge`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from data_gen import stages
 from data_gen.flow import batch_window, ordered_map
-from data_gen.stages import (
-    Shard,
-    backend_stats,
-    batch_seed,
-    progress_bar,
-    prompt_batches,
-    token_stats,
-)
 from wim.backends import TransformersBackend, open_backend, open_http_backend
 from wim.config import Config, judge_http
 from wim.judges import BackendJudge, Judge, configured_judge
@@ -24,7 +17,7 @@ from wim.records import JsonlAppender, KeySet, RecordIndex, iter_keyed, record_k
 from wim.rundir import RunDir
 
 
-def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
+def run_stage(cfg: Config, run: RunDir, res: Any, shard: stages.Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
     # `res`: the run's Resources (data_gen/pipeline.py, which imports this module).
     results = getattr(res, "batch_results", None)  # `wim judge DIR --batch-results OUT...`
@@ -32,7 +25,7 @@ def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress:
     if cfg.judge.batch or results or submit:
         from data_gen.judge_batch import judge_by_batch
 
-        return judge_by_batch(cfg, run, res, shard, results, submit, _judgement_record)
+        return judge_by_batch(cfg, run, res, shard, results, submit, judge_batches)
     return judge_samples(cfg, run, res.batch_prompts(), res.judge(), shard, progress)
 
 
@@ -61,19 +54,39 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
 
 
 def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef], judge: Judge,
-                  shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Judge every sample into judgements.jsonl, one generation batch at a time, with several
-    batches in flight when the judge's backend serves many requests at once (data_gen/flow.py);
-    records are still written batch by batch in batch order. samples.jsonl is indexed (the
-    offsets of each prompt's records), and a batch's samples are read when it runs."""
+                  shard: stages.Shard | None = None, progress: bool = True) -> dict[str, Any]:
+    """Judge every sample into judgements.jsonl (`judge_batches`), with several batches in
+    flight when the judge's backend serves many requests at once (data_gen/flow.py)."""
+    start = time.perf_counter()
+    window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
+    lost, overlong = judge_batches(cfg, run, prompts, judge, shard, progress, window)
+    stats = stages.token_stats(run.judgements, "judge", "judge")
+    stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
+                  "judge/skipped_overlong": overlong["skipped"],
+                  "time/judge": time.perf_counter() - start})
+    stats.update(stages.backend_stats(getattr(judge, "backend", None), "judge"))
+    run.write_stats("judge", stats)
+    return stats
+
+
+def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef], judge: Judge,
+                  shard: stages.Shard | None, progress: bool, window: int,
+                  before: Callable[[list, KeySet, int], None] | None = None
+                  ) -> tuple[int, dict[str, int]]:
+    """Judge the samples not judged yet, one generation batch at a time, `window` batches in
+    flight; records are still written batch by batch in batch order. samples.jsonl is indexed
+    (the offsets of each prompt's records), and a batch's samples are read when it runs.
+    `before(keys, done, seed)` hears of each judge call: its records' keys, the keys judged
+    already and its seed (batch files: data_gen/judge_batch.py).
+    Returns the backend failures (not recorded) and the overlong samples' counts."""
     samples = RecordIndex(run.samples)
     if not len(samples):
         run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
     done, failed = _judged_keys(run)
-    batches = prompt_batches(prompts, cfg.generation.batch_size, shard)
+    batches = stages.prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, tokens, lost = time.perf_counter(), 0, 0
-    bar = progress_bar(sum(samples.sample_count(p.id) for _, batch in batches for p in batch),
-                       "judge", progress)
+    bar = stages.progress_bar(
+        sum(samples.sample_count(p.id) for _, batch in batches for p in batch), "judge", progress)
     overlong = {"truncated": 0, "skipped": 0}
 
     def todo():  # batches with a sample not judged yet, their samples read as they are needed
@@ -92,9 +105,11 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
 
     def ask(item):
         b, live, _ = item
-        return judge.judge([it for _, it, _ in live], seed=batch_seed(cfg.seed, "judge", b))
+        seed = stages.batch_seed(cfg.seed, "judge", b)
+        if before is not None:
+            before([record_key(r) for r, _, _ in live], done, seed)
+        return judge.judge([it for _, it, _ in live], seed=seed)
 
-    window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
     with JsonlAppender(run.judgements) as out:
         for (_, live, missing), results in ordered_map(ask, todo(), window):
             new = [(r, cut, res) for (r, _, cut), res in zip(live, results, strict=True)
@@ -110,13 +125,7 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
             bar.set_postfix(parse_failed=failed, backend_failed=lost,
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = token_stats(run.judgements, "judge", "judge")
-    stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
-                  "judge/skipped_overlong": overlong["skipped"],
-                  "time/judge": time.perf_counter() - start})
-    stats.update(backend_stats(getattr(judge, "backend", None), "judge"))
-    run.write_stats("judge", stats)
-    return stats
+    return lost, overlong
 
 
 def _judged_keys(run: RunDir) -> tuple[KeySet, int]:

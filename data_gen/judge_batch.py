@@ -15,18 +15,16 @@ idempotent: a judgement already in judgements.jsonl is never asked again.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from data_gen.stages import Shard, batch_seed, prompt_batches, token_stats
+from data_gen.stages import Shard, token_stats
 from wim.backends.http_client import Failure
 from wim.config import Config, ConfigError
 from wim.errors import StageIncomplete, WimError
 from wim.parsing import parse_judgement
-from wim.records import JsonlAppender, RecordIndex, read_keys, record_key
+from wim.records import write_records_atomic
 from wim.rundir import RunDir
 
 # OpenAI's Batch API limits per input file.
@@ -37,19 +35,18 @@ MAX_BYTES = 200 * 10**6
 class BatchWritten(StageIncomplete):
     """The requests are written; the judgements come from `--batch-results` (exit 3)."""
 
-    def __init__(self, lines: int, files: list[Path], run: RunDir, stats: dict) -> None:
-        super().__init__("judge", lines, stats)
+    def __init__(self, lines: int, files: list[Path], run: RunDir) -> None:
+        super().__init__("judge", lines, {"judge/batch_requests": lines})
         self.files = files
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         self.args = (
             f"wrote {lines} judge request(s) for the Batch API to {names}. Run each file (e.g. "
             "`vllm run_batch -i FILE -o OUT --model MODEL`, or upload it to OpenAI's Batch "
-            f"API), then take the answers in with `wim judge {run.path} --batch-results "
-            "OUT...`; or "
-            f"`wim judge {run.path} --batch-submit` sends them to the Batch API at judge.http.",)
+            f"API), then take the answers in with `wim judge {run.path} --batch-results OUT...`; "
+            f"or `wim judge {run.path} --batch-submit` sends them to the Batch API at judge.http.",)
 
 
-def custom_id(key: tuple[str, int], attempt: int = 0) -> str:
+def custom_id(key: tuple[str, int], attempt: int) -> str:
     return f"{key[0]}#{key[1]}" + (f"@{attempt}" if attempt else "")
 
 
@@ -64,47 +61,39 @@ def check_batch_judge(cfg: Config) -> None:
 class BatchClient:
     """Stands in for the backend's HTTPClient (see the module docstring). `answers`: custom_id
     -> result line; None while writing. Per judge call, `begin` tells which record key each
-    conversation is; a request is known by its seed (`_which`), as the live judge derives it."""
+    conversation is and which are judged already; a request is known by its seed (`_which`), as
+    the live judge derives it; `retried(text)` says whether the judge asks an answer again (a
+    parse failure)."""
 
-    def __init__(self, live, answers: dict[str, dict] | None, retry: str) -> None:
+    def __init__(self, live, answers: dict[str, dict] | None, retry: str, attempts: int,
+                 retried) -> None:
         self.live, self.answers, self.retry = live, answers, retry
-        self.base_urls, self.max_concurrency = live.base_urls, live.max_concurrency
-        self.stats, self._secret = live.stats, live._secret
+        self.attempts, self.retried = attempts, retried
         self.written: list[dict] = []  # request lines to write
         self.missing = self.failed = 0
+        # The rest of what HTTPBackend uses of its client: the live one's.
+        self.run, self.gather, self.scrub = live.run, live.gather, live.scrub
+        self._secret = live._secret  # (its repr)
 
-    def begin(self, keys: list[tuple[str, int]], todo: set, seed: int, attempts: int,
-              retried) -> None:
-        """A judge call on `keys` (those in `todo` still to judge) with `seed`; `retried(text)`
-        says whether the judge asks an answer again (a parse failure)."""
+    def begin(self, keys: list[tuple[str, int]], done, seed: int) -> None:
         self._order = [list(keys)]  # per attempt, the keys asked, in the backend's order
         self._answers: dict[tuple[str, int], str | None] = {}
-        self._todo, self._seed, self._attempts, self._retried = todo, seed, attempts, retried
+        self._done, self._seed = done, seed
 
     def _which(self, seed: int) -> tuple[int, tuple[str, int]]:
         """(attempt, key) of a request, from its seed: the judge's attempt a asks with seed
         `seed + 7919 a` the conversations it retries, the j-th with `+ 1000 j` (sample_seed)."""
-        for attempt in range(self._attempts):
+        for attempt in range(self.attempts):
             while len(self._order) <= attempt:  # the keys the judge asks again, in order
                 self._order.append([k for k in self._order[-1]
-                                    if self._retried(self._answers.get(k))])
+                                    if self.retried(self._answers.get(k))])
             j, rest = divmod((seed - self._seed - 7919 * attempt) % 2**31, 1000)
             if not rest and j < len(self._order[attempt]):
                 return attempt, self._order[attempt][j]
         raise RuntimeError(f"a judge request with seed {seed} not from this batch")
 
-    def run(self, coro):
-        return self.live.run(coro)
-
-    @staticmethod
-    async def gather(aws):
-        return list(await asyncio.gather(*aws))
-
-    def scrub(self, text: str) -> str:
-        return self.live.scrub(text)
-
     async def request(self, path: str, payload, parse):
-        body = payload() if callable(payload) else payload
+        body = payload()  # HTTPBackend's `prepare`
         if body is None:
             return None
         attempt, key = self._which(body["seed"])
@@ -114,7 +103,7 @@ class BatchClient:
         return outcome
 
     async def _answer(self, path: str, payload, body: dict, parse, attempt: int, key):
-        if key not in self._todo:
+        if key in self._done:
             return Failure("judged already")
         cid = custom_id(key, attempt)
         if self.answers is None or (attempt and cid not in self.answers
@@ -166,74 +155,45 @@ def write_request_files(folder: Path, lines: list[dict], prefix: str = "requests
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob(f"{prefix}-*.jsonl"):
         old.unlink()
-    shards: list[list[bytes]] = [[]]
-    size = 0
-    for line in lines:
-        data = (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
-        if shards[-1] and (len(shards[-1]) >= max_lines or size + len(data) > max_bytes):
+    shards: list[list[dict]] = []
+    used = 0
+    for line in lines:  # the bytes write_records_atomic writes
+        size = len((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        if not shards or len(shards[-1]) >= max_lines or used + size > max_bytes:
             shards.append([])
-            size = 0
-        shards[-1].append(data)
-        size += len(data)
-    files = []
-    for number, shard in enumerate(s for s in shards if s):
-        path = folder / f"{prefix}-{number:05d}.jsonl"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(shard))
-        os.replace(tmp, path)
-        files.append(path)
+            used = 0
+        shards[-1].append(line)
+        used += size
+    files = [folder / f"{prefix}-{number:05d}.jsonl" for number in range(len(shards))]
+    for path, shard in zip(files, shards, strict=True):
+        write_records_atomic(path, shard)
     return files
 
 
-def judge_in_batch(cfg: Config, run: RunDir, prompts, judge, shard: Shard | None,
-                   results: list[str] | None, judgement_record) -> dict[str, Any]:
-    """Write the request files (no `results`), or ingest `results` into judgements.jsonl, a
-    verdict becoming a record as in live judging (`judgement_record`, data_gen/judge.py)."""
-    check_batch_judge(cfg)
+def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: list[str] | None,
+                   judge_batches) -> dict[str, Any]:
+    """Write the request files (no `results`), or ingest `results` into judgements.jsonl
+    through the live judge stage's loop (`judge_batches`, data_gen/judge.py), one batch at a
+    time (the client knows each request by the batch's seed)."""
+    prompts, judge = res.batch_prompts(), res.judge()
     backend = judge.backend
     live = backend._client
-    client = BatchClient(live, read_results(results) if results else None,
-                         cfg.judge.batch_retry)
-    samples = RecordIndex(run.samples)
-    if not len(samples):
-        run.require("samples.jsonl", "wim generate")
-    done = read_keys(run.judgements)
 
     def retried(text: str | None) -> bool:  # as BackendJudge.judge decides a retry
         parsed = None if text is None else parse_judgement(text, judge.mode, judge.instructions)
         return parsed is not None and not parsed.ok
 
+    client = BatchClient(live, read_results(results) if results else None,
+                         cfg.judge.batch_retry, judge.max_retries + 1, retried)
     backend._client = client
-    lost = 0
     try:
-        with JsonlAppender(run.judgements) as out:
-            for b, batch in prompt_batches(prompts, cfg.generation.batch_size, shard):
-                records = samples.read(p.id for p in batch)
-                fits = judge.fit([(r["prompt"], r["response"]) for r in records],
-                                 cfg.judge.overlong, cfg.judge.max_input_tokens)
-                live_items = [(r, item, cut) for r, (item, cut) in zip(records, fits,
-                                                                        strict=True)
-                              if item is not None]
-                todo = {record_key(r) for r, _, _ in live_items
-                        if record_key(r) not in done}
-                if not todo:
-                    continue
-                seed = batch_seed(cfg.seed, "judge", b)
-                client.begin([record_key(r) for r, _, _ in live_items], todo, seed,
-                             judge.max_retries + 1, retried)
-                verdicts = judge.judge([it for _, it, _ in live_items], seed=seed)
-                new = [(r, cut, v) for (r, _, cut), v in zip(live_items, verdicts, strict=True)
-                       if record_key(r) in todo]
-                lost += sum(v.backend_failed for _, _, v in new)
-                out.write_all(judgement_record(r, judge, v, cut) for r, cut, v in new
-                              if not v.backend_failed)
+        lost, _ = judge_batches(cfg, run, prompts, judge, shard, False, 1, client.begin)
     finally:
         backend._client = live
     folder = run.path / "batch"
     if client.answers is None and client.written:
         files = write_request_files(folder, client.written)
-        raise BatchWritten(len(client.written), files, run, {"judge/batch_requests":
-                                                             len(client.written)})
+        raise BatchWritten(len(client.written), files, run)
     retry_files = write_request_files(folder, client.written, prefix="retry-requests")
     stats = token_stats(run.judgements, "judge", "judge")
     stats.update({"judge/backend_failed": lost, "judge/batch_missing": client.missing,
@@ -255,27 +215,22 @@ def judge_in_batch(cfg: Config, run: RunDir, prompts, judge, shard: Shard | None
 
 
 def judge_by_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: list[str] | None,
-                   submit: bool, judgement_record) -> dict[str, Any]:
+                   submit: bool, judge_batches) -> dict[str, Any]:
     """The judge stage with judge.batch: write the request files; or submit them (once) to the
     Batch API; or take in the answers, given (`results`) or of the submitted batches (polled
     and downloaded by data_gen/batch_submit.py)."""
     from data_gen import batch_submit
 
     check_batch_judge(cfg)  # before a judge is made for another kind of judge
-
-    def judge_with(answers):
-        return judge_in_batch(cfg, run, res.batch_prompts(), res.judge(), shard, answers,
-                              judgement_record)
-
-    submitted = batch_submit.submitted_path(run).exists()
     if submit:
         files = sorted((run.path / "batch").glob("requests-*.jsonl"))
         if not files:
             try:
-                return judge_with(None)  # nothing left to ask: judged already
+                return judge_in_batch(cfg, run, res, shard, None, judge_batches)  # judged already
             except BatchWritten as written:
                 files = written.files
         batch_submit.submit(cfg, run, files)
-    elif results is None and not submitted:
-        return judge_with(None)
-    return judge_with(results if results is not None else batch_submit.collect(cfg, run))
+    elif results is None and not batch_submit.submitted_path(run).exists():
+        return judge_in_batch(cfg, run, res, shard, None, judge_batches)
+    answers = results if results is not None else batch_submit.collect(cfg, run)
+    return judge_in_batch(cfg, run, res, shard, answers, judge_batches)

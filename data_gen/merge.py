@@ -3,10 +3,10 @@
 Shards must come from one config (same run identity, same shard count, distinct indices) and
 no (prompt_id, sample_idx) key may repeat. Every shard of the split must be there, unless
 `allow_partial` (`wim merge --allow-partial`) accepts a merge that lacks some; the summary then
-lists the missing ones. The merged folder holds samples.jsonl and
-judgements.jsonl in key order, written as the shards' files are read (offsets are held, not
-records); `wim run CONFIG --out MERGED` then finds every sample and
-judgement done and goes on with scoring, pairs, training and the report.
+lists the missing ones. The merged folder holds samples.jsonl and judgements.jsonl in key
+order, written as the shards' files are read (offsets are held, not records); `wim run CONFIG
+--out MERGED` then finds every sample and judgement done and goes on with scoring, pairs,
+training and the report.
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from wim.rundir import RunDir, RunDirError, identity
 
 def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict[str, Any]:
     runs = [RunDir(d) for d in dirs]
-    configs, shards = [], []
-    for run in runs:
-        cfg = run.load_config()
-        configs.append(cfg)
-        shards.append(run.shard())
+    configs = [run.load_config() for run in runs]
+    shards = [run.shard() for run in runs]
     first = configs[0]
     for run, cfg in zip(runs[1:], configs[1:], strict=True):
         if identity(cfg) != identity(first):

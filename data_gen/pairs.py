@@ -26,7 +26,7 @@ def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress:
     return export_pairs(cfg, run)
 
 
-def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[str, Any]:
+def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
     """pairs.jsonl plus a saved datasets folder DIR/pairs/ and the Hub-layout folder
     DIR/dataset/ (pushed when export.push_to_hub is set), each with its dataset card
     (wim/card.py); DIR/agreement.json when the responses came from a source with its own
@@ -44,22 +44,19 @@ def export_pairs(cfg: Config, run: RunDir, save_dataset: bool = True) -> dict[st
     write_records_atomic(run.pairs, pair_rows(scores.groups(), cfg.pairs, counts, seed=cfg.seed))
     stats = counts.as_metrics()
     folder, hub_folder = run.file("pairs"), run.file("dataset")
-    if save_dataset and counts.pairs:
+    if counts.pairs:
         _save_dataset(run.pairs, folder)
     hub_card = _write_cards(cfg, run, summarize_scores(scores.groups(), cfg), stats)
-    if save_dataset and counts.pairs:
+    if counts.pairs:
         write_dataset_folder(hub_folder, folder, scores.groups(), run.config_file,
                              lambda completions: hub_card(completions.as_facts()))
         if cfg.export.push_to_hub:
             _push(cfg.export.push_to_hub, hub_folder)
     else:  # no pairs: no folder that would still show an earlier run's
         shutil.rmtree(hub_folder, ignore_errors=True)
-    agreement = None
-    if cfg.generation.source is not None:
-        agreement = source_agreement(cfg, run, scores.groups())
-    else:
+    if cfg.generation.source is None:
         run.file("agreement.json").unlink(missing_ok=True)
-    if agreement is not None:
+    elif (agreement := source_agreement(cfg, run, scores.groups())) is not None:
         stats["agreement/pairs"] = agreement["pairs"]
         stats["agreement/label_ties"] = agreement["label_ties"]
     stats["time/pairs"] = time.perf_counter() - start

@@ -11,17 +11,13 @@ and training may train that same object in place.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from data_gen import generate, judge, pairs, report, score
-from data_gen.fingerprints import (
-    finished_stats,
-    input_fingerprint,
-    prompts_sha256,
-    record_finished,
-)
+from data_gen.fingerprints import finished_stats, input_fingerprint, prompts_sha256, record_finished
 from data_gen.judge import make_judge
 from data_gen.stages import Shard
 from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
@@ -66,8 +62,7 @@ class Resources:
                 self._held_out = []
             else:
                 p = self.cfg.prompts
-                self._prompts, self._held_out = load_split(p.source, p.split, p.limit,
-                                                           p.holdout)
+                self._prompts, self._held_out = load_split(p.source, p.split, p.limit, p.holdout)
         return self._prompts
 
     def batch_prompts(self):
@@ -153,12 +148,10 @@ class Resources:
         attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
         PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base.
         `dtype`: the one to load it in when nothing loaded it yet (`wim train`)."""
-        served = self.cfg.policy.backend == "http" and self.cfg.http.adapter_serving == "vllm"
-        if self.cfg.policy.backend != "transformers" and not served:
-            return None
-        if served:  # trained here, served there: a local copy of the policy that rounds keep
-            return self.lm(dtype)
-        if self.cfg.policy.adapter and self.cfg.training.rounds == 1:
+        c = self.cfg
+        if c.policy.backend == "http" and c.http.adapter_serving == "vllm":
+            return self.lm(dtype)  # trained here, served there: a local copy that rounds keep
+        if c.policy.backend != "transformers" or (c.policy.adapter and c.training.rounds == 1):
             return None
         return self.lm(dtype)
 
@@ -166,9 +159,7 @@ class Resources:
         if self._policy is None:
             c = self.cfg
             if c.policy.backend == "transformers":
-                model, tokenizer = self.lm()
-                self._policy = TransformersBackend(model, tokenizer,
-                                                   batch_size=c.generation.batch_size,
+                self._policy = TransformersBackend(*self.lm(), batch_size=c.generation.batch_size,
                                                    label=c.policy.model)
             elif c.policy.backend == "http":
                 # Served adapters: the server samples by the adapter's name (registered now, so
@@ -249,6 +240,4 @@ DATA_RUNNERS: dict[str, StageRunner] = {"generate": generate.run_stage, "judge":
 
 
 def _report(run: RunDir) -> dict[str, Any]:
-    import json
-
     return json.loads(run.file("report.json").read_text())

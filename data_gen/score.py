@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from data_gen.similarity_store import STORE, SimilarityStore, pair_key, text_key
-from data_gen.stages import Shard
+from data_gen.stages import Shard, progress_bar
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, iter_records, record_key
-from wim.rundir import RunDir, RunDirError
+from wim.rundir import RunDir
 from wim.scoring import (
     check_judgement,
     check_numeric,
@@ -60,8 +60,8 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
     zeta, policy, size = cfg.scoring.zeta, cfg.judge.on_parse_failure, cfg.scoring.batch_size
     settings = {"identity": identity, "zeta": zeta, "on_parse_failure": policy}
     kept = _resume_point(run, settings)
-    counts = {"records": 0, "computed": 0, "stored": 0, "embedded_texts": 0,
-              "fallback_rating": 0, "fallback_critique": 0}
+    counts = {"records": 0, "similarities_computed": 0, "similarities_stored": 0,
+              "embedded_texts": 0, "fallback_rating": 0, "fallback_critique": 0}
     store = SimilarityStore(run.file(STORE))
     lazy = _LazyEmbedder(cfg, embedder)
     out = None  # opened with the first batch: a first record that fails leaves no file
@@ -86,32 +86,26 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
             if part is not None:
                 part.close()
     run.file(_PROGRESS).unlink(missing_ok=True)
-    stats = {"time/score": time.perf_counter() - start, "score/records": counts["records"],
+    stats = {"time/score": time.perf_counter() - start, "score/records": counts.pop("records"),
              "score/embedder": name, "score/embedder_identity": identity, "score/zeta": zeta,
-             "score/on_parse_failure": policy,
-             "score/similarities_computed": counts["computed"],
-             "score/similarities_stored": counts["stored"],
-             "score/embedded_texts": counts["embedded_texts"],
-             "score/fallback_rating": counts["fallback_rating"],
-             "score/fallback_critique": counts["fallback_critique"]}
+             "score/on_parse_failure": policy, **{f"score/{k}": v for k, v in counts.items()}}
     stats.update(lazy.stats())
     run.write_stats("score", stats)
     return stats
 
 
-def store_similarities(cfg: Config, run: RunDir, embedder=None) -> dict[str, int]:
+def store_similarities(cfg: Config, run: RunDir) -> dict[str, int]:
     """Fill DIR/similarities.sqlite for every judgement of `run` without writing scores (`wim
     compare` fills its shared store once; each arm then scores from a copy)."""
     from wim.embedders import embedder_of
 
     _require(run)
-    identity = embedder.identity if embedder else embedder_of(cfg)[0]
-    policy = cfg.judge.on_parse_failure
-    counts = {"computed": 0, "stored": 0, "embedded_texts": 0}
+    identity, policy = embedder_of(cfg)[0], cfg.judge.on_parse_failure
+    counts = {"similarities_computed": 0, "similarities_stored": 0, "embedded_texts": 0}
     store = SimilarityStore(run.file(STORE))
-    lazy = _LazyEmbedder(cfg, embedder)
+    lazy = _LazyEmbedder(cfg, None)
     try:
-        for _, batch in _batches(run, cfg.scoring.batch_size * _window(cfg, embedder)):
+        for _, batch in _batches(run, cfg.scoring.batch_size * _window(cfg, None)):
             _similarities(batch, identity, policy, 1.0, store, lazy, counts)
         store.drop_vectors()
     finally:
@@ -133,7 +127,7 @@ def _similarities(batch: list[dict], identity: str, policy: str, zeta: float,
     def cosines_of(pairs: list[tuple[str, str]]) -> list[float | None]:
         keys = [pair_key(identity, r, c) for r, c in pairs]
         stored = store.similarities(keys)
-        counts["stored"] += sum(k in stored for k in keys)
+        counts["similarities_stored"] += sum(k in stored for k in keys)
         missing = {k: pair for k, pair in zip(keys, pairs, strict=True) if k not in stored}
         if missing and zeta > 0:
             stored.update(_compute(missing, identity, store, lazy, counts))
@@ -163,7 +157,7 @@ def _compute(missing: dict[bytes, tuple[str, str]], identity: str, store: Simila
     crit = np.stack([vectors[text_key(identity, c)] for _, c in missing.values()])
     values = {k: float(v) for k, v in zip(missing, cosines(resp, crit), strict=True)}
     store.add(values, fresh)
-    counts["computed"] += len(values)
+    counts["similarities_computed"] += len(values)
     return values
 
 
@@ -213,25 +207,18 @@ class _LazyEmbedder:
 
 
 def _require(run: RunDir) -> None:
-    """A clear error when there are no judgements (a stage never succeeds on nothing)."""
-    path = run.judgements
-    if next(iter_records(path), None) is None:
-        state = "is empty" if path.exists() else "does not exist"
-        raise RunDirError(
-            f"{path} {state}, so there is nothing to work on. Run `wim judge {run.path}` first "
-            f"(or `wim run CONFIG --out {run.path}` for every stage).")
+    """A clear error when there are no judgements (checked on the first record: streamed)."""
+    if next(iter_records(run.judgements), None) is None:
+        run.require("judgements.jsonl", "wim judge")
 
 
 def _bar(run: RunDir, progress: bool):
     """A progress bar over the judgements (counted by their lines: one fast pass of bytes)."""
-    from tqdm.auto import tqdm
-
     total = None
     if progress:
         with open(run.judgements, "rb") as f:
             total = sum(1 for _ in f)
-    return tqdm(total=total, desc="score", unit="judgement", disable=not progress,
-                dynamic_ncols=True)
+    return progress_bar(total, "score", progress, unit="judgement")
 
 
 def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
@@ -264,16 +251,10 @@ def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:
             kept += 1
     if run.scores.exists():
         with run.scores.open("rb+") as f:
-            f.truncate(_line_end(f, kept))
+            for _ in range(kept):
+                f.readline()
+            f.truncate()  # at the end of the kept lines
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(settings))
     return kept
 
-
-def _line_end(f, lines: int) -> int:
-    """The byte offset after the first `lines` lines of the open file `f`."""
-    f.seek(0)
-    end = 0
-    for _ in range(lines):
-        end += len(f.readline())
-    return end

@@ -20,24 +20,22 @@ from data_gen.stages import Shard, progress_bar, prompt_batches
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, read_keys
 from wim.rundir import RunDir
-from wim.sources import Source, SourcedPrompt
+from wim.sources import SourcedPrompt
 
 logger = logging.getLogger(__name__)
 
 
-def import_samples(cfg: Config, run: RunDir, source: Source, sha256: str,
-                   shard: Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Write the source's responses as samples, skipping records already written, reading the
-    source as a stream (records go out in source order, a prompt's responses together). A
-    shard first reads the prompts' ids and lengths, to know which batches are its own."""
+def import_samples(cfg: Config, run: RunDir, res: Any, shard: Shard | None = None,
+                   progress: bool = True) -> dict[str, Any]:
+    """Write the source's responses (`res.source()`) as samples, skipping records already
+    written (records go out in source order, a prompt's responses together). A shard first
+    reads the prompts' ids and lengths (`res.batch_prompts()`) to find its own batches."""
     start = time.perf_counter()
+    source, sha256 = res.source()
     mine = None
     if shard is not None:
-        if not source.complete:
-            for _ in source:  # ids and lengths only (source.refs); the rows are not kept
-                pass
-        mine = {p.id for _, batch in prompt_batches(source.refs, cfg.generation.batch_size,
-                                                    shard) for p in batch}
+        batches = prompt_batches(res.batch_prompts(), cfg.generation.batch_size, shard)
+        mine = {p.id for _, batch in batches for p in batch}
     done = read_keys(run.samples)
     bar = progress_bar(None, "import", progress)
     with JsonlAppender(run.samples) as out:

@@ -1,6 +1,5 @@
-"""What the data stages share: shards, batches and their seeds, the progress bar, and the
-counts every stage's stats start from. Each stage is a module of its own (generate.py,
-judge.py, score.py, pairs.py, report.py, each with `run_stage`), run by pipeline.py.
+"""What the data stages (pipeline.py) share: shards, batches and their seeds, the progress
+bar, and the counts every stage's stats start from.
 
 Prompts are sorted by length (less padding) and cut into fixed batches. A batch's seed comes
 from its index, and batches, not prompts, are what shards split and what resume skips, so a
@@ -58,8 +57,8 @@ def batch_seed(seed: int, stage: str, batch_index: int) -> int:
     return (seed * 1_000_003 + batch_index * 7_919 + (1 if stage == "judge" else 0)) % (2**31)
 
 
-def progress_bar(total: int | None, desc: str, progress: bool):
-    return tqdm(total=total, desc=desc, unit="sample", disable=not progress, dynamic_ncols=True)
+def progress_bar(total: int | None, desc: str, progress: bool, unit: str = "sample"):
+    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, dynamic_ncols=True)
 
 
 def token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:

@@ -4,14 +4,11 @@ Each gold pair holds a prompt, a `chosen` answer known to be better and a `rejec
 configured judge judges both answers once (the run's judge: role, model, prompt, retries), the
 embedder scores them, and every scoring system ranks the pair: numeric (zeta 0), WIM (zeta 1)
 and the mix at each zeta of `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`.
-Per system: accuracy (chosen ranked first; a tie counts as half) with a paired bootstrap 95%
-interval, the sign test of right against wrong (ties out) with its Clopper-Pearson interval,
-the share of ties, the strict accuracy (ties count as wrong), per-domain accuracy with n and
-an interval, and a paired test against numeric on the same pairs (the accuracy difference,
-ties half, with the one-sample t-test of the per-pair differences and its own t interval; Holm
-over the systems). A pair
-whose judgement failed for a system is counted as a failure, not as right or wrong. As a
-reference, "longer answer" ranks by length alone. Fewer ties only help if the winner is right.
+Per system, the statistics of data_gen/validity_table.py: accuracy (chosen ranked first; a tie
+counts as half) with its intervals and tests, and a paired test against numeric (Holm over the
+systems). A pair whose judgement failed for a system is counted as a failure, not as right or
+wrong. As a reference, "longer answer" ranks by length alone. Fewer ties only help if the
+winner is right.
 
 Gold sources: the bundled set (wim/data/gold_pairs.jsonl, 48 pairs written for this project, 6
 in each of the 8 domains of the bundled prompts), or any .jsonl/.json/.csv with prompt, chosen

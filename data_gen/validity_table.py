@@ -39,18 +39,14 @@ class GoldPair:
 LONGER = "longer answer (reference)"
 
 
-def _zetas(cfg: Config) -> list[float]:
-    zs = {*cfg.scoring.report_zetas, cfg.scoring.zeta, *cfg.eval.compare_zetas}
-    return sorted(z for z in zs if 0.0 < z < 1.0)
-
-
 class RankingOutcomes:
     """Each system's outcome per pair, in pair order, and each pair's domain: what the table
     reads, a few bytes a pair (the agreement with a source adds 100,000 pairs one at a time).
     An outcome is 1 (the better answer ranked first), 0.5 (a tie), 0 (wrong) or None (failed)."""
 
     def __init__(self, cfg: Config) -> None:
-        self.zeta, self.zetas = cfg.scoring.zeta, _zetas(cfg)
+        zetas = {*cfg.scoring.report_zetas, cfg.scoring.zeta, *cfg.eval.compare_zetas}
+        self.zeta, self.zetas = cfg.scoring.zeta, sorted(z for z in zetas if 0.0 < z < 1.0)
         self.tolerance = cfg.pairs.tie_tolerance
         names = ["numeric", "wim", *[f"zeta={z:g}" for z in self.zetas]]
         self.by_system: dict[str, list[float | None]] = {s: [] for s in [*names, LONGER]}

@@ -26,7 +26,13 @@ import shutil
 from pathlib import Path
 
 from data_gen.score import store_similarities
-from training.evaluate import System, compare_systems, final_adapter, held_out_prompts
+from training.evaluate import (
+    System,
+    compare_systems,
+    final_adapter,
+    held_out_prompts,
+    write_audit,
+)
 from wim.config import Config
 from wim.errors import InputError
 from wim.markdown import markdown_table
@@ -164,11 +170,7 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
         pairs.insert(0, (PRIMARY, "wim", "numeric"))
         primary = PRIMARY
     report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress, primary)
-    folder = shared.path.parent / "eval"
-    folder.mkdir(exist_ok=True)
-    for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
-                       ("verdicts", records)):
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_audit(shared.path.parent, answers, records)
     return report
 
 

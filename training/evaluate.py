@@ -146,10 +146,8 @@ def _answer(backend, cfg: Config, prompts: list[Prompt], params, system: System,
             served: str | None = None) -> list[dict]:
     g = cfg.generation
     budget = token_budget(backend.context_tokens, params.max_new_tokens, g.max_prompt_tokens)
-    convs = []
-    for p in prompts:
-        messages, _ = fit_messages(list(p.messages), budget, "truncate", backend.count_tokens)
-        convs.append(messages or list(p.messages))
+    convs = [fit_messages(list(p.messages), budget, "truncate", backend.count_tokens)[0]
+             or list(p.messages) for p in prompts]
     outs = backend.generate(convs, params, n=1, seed=cfg.seed)
     extra = {"served_model": served} if served else {}
     return [{"system": system.name, "model": system.model, "adapter": system.adapter,
@@ -276,28 +274,30 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
 
 
 def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],
-               records: list[dict], stem: str = "eval") -> None:
+               records: list[dict]) -> None:
     folder = Path(folder)
+    write_audit(folder, answers, records)
+    (folder / "eval.json").write_text(json.dumps(report, indent=2))
+    (folder / "eval.md").write_text(eval_markdown(report, _picture(folder, report)))
+
+
+def write_audit(folder: Path, answers: dict[str, list[dict]], records: list[dict]) -> None:
+    """Every answer and every verdict record: FOLDER/eval/answers.jsonl and verdicts.jsonl."""
     (folder / "eval").mkdir(parents=True, exist_ok=True)
-    _jsonl(folder / "eval" / "answers.jsonl", [r for rs in answers.values() for r in rs])
-    _jsonl(folder / "eval" / "verdicts.jsonl", records)
-    (folder / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (folder / f"{stem}.md").write_text(eval_markdown(report, _picture(folder, report, stem)))
+    for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
+                       ("verdicts", records)):
+        (folder / "eval" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _picture(folder: Path, report: dict, stem: str) -> str | None:
-    """Draw the primary comparison's preferences (DIR/plots/<stem>_preferences.png) for the
+def _picture(folder: Path, report: dict) -> str | None:
+    """Draw the primary comparison's preferences (DIR/plots/eval_preferences.png) for the
     markdown to lead with; its relative path, or None when there is nothing to draw."""
     from wim.report.plots import plot_preferences
 
     primary = next((c for c in report["comparisons"] if c.get("primary")), {})
-    name = f"plots/{stem}_preferences.png"
+    name = "plots/eval_preferences.png"
     (folder / "plots").mkdir(exist_ok=True)
     return name if plot_preferences(primary, folder / name) else None
-
-
-def _jsonl(path: Path, records: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def eval_markdown(report: dict, picture: str | None = None) -> str:
@@ -343,14 +343,10 @@ def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: in
     return report
 
 
-def eval_enabled(cfg: Config) -> bool:
-    return cfg.eval.in_run and cfg.prompts.holdout > 0
-
-
 def run_stage(cfg: Config, run: RunDir, res: Resources, shard: Shard | None, progress: bool,
               fingerprint: str) -> dict[str, Any]:
     """The trained policy against its base on the held-out prompts (eval.json)."""
-    if not eval_enabled(cfg):
+    if not (cfg.eval.in_run and cfg.prompts.holdout > 0):
         logger.info("stage eval: %s; not run", "eval.in_run is false" if not cfg.eval.in_run
                     else "nothing held out (prompts.holdout is 0)")
         return {}

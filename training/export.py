@@ -12,23 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.evaluate import round_runs
 from wim.errors import InputError
 from wim.models import load_causal_lm
 from wim.rundir import RunDir
 
 
 def last_adapter(run_dir: Path) -> Path:
-    rounds = run_dir / "rounds"
-    candidates = []
-    if rounds.is_dir():
-        numbered = sorted((int(p.name), p) for p in rounds.iterdir() if p.name.isdigit())
-        candidates = [p / "train" / "adapter" for _, p in reversed(numbered)]
-    candidates.append(run_dir / "train" / "adapter")
-    for adapter in candidates:
+    """The adapter of the last round that trained one, else DIR/train/adapter."""
+    run = RunDir(run_dir)
+    for r in [*reversed(round_runs(run)), run]:
+        adapter = r.file("train") / "adapter"
         if (adapter / "adapter_config.json").is_file():
             return adapter
+    rounds = run.file("rounds").is_dir()
     raise InputError(f"{run_dir} holds no trained adapter (no train/adapter/adapter_config.json"
-                     f"{' in any round' if rounds.is_dir() else ''}). Train first: `wim run "
+                     f"{' in any round' if rounds else ''}). Train first: `wim run "
                      f"CONFIG --out {run_dir}` or `wim train {run_dir}`.")
 
 

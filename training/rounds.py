@@ -38,17 +38,6 @@ def round_dir(run: RunDir, r: int) -> RunDir:
     return RunDir(run.path.resolve() / "rounds" / str(r))
 
 
-def round_adapter_path(run: RunDir) -> str:
-    """The adapter folder a round's training writes (absolute, as the next round's config
-    names it)."""
-    return str(run.path.resolve() / "train" / "adapter")
-
-
-def round_config(cfg: Config, previous_adapter: str | None) -> Config:
-    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
-                                                               adapter=previous_adapter))
-
-
 def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard=None,
                progress: bool = True, resources: Resources | None = None) -> dict[str, Any]:
     """`wim run`: one round in `run` itself, or `training.rounds` rounds in `run/rounds/<r>/`,
@@ -74,7 +63,8 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
     try:
         for r in range(1, rounds + 1):
             rdir = round_dir(run, r)
-            rcfg = round_config(cfg, previous)
+            rcfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
+                                                                       adapter=previous))
             _start_round(run, rdir, r, rounds, previous)
             rdir.claim(rcfg)
             res.start_round(rcfg)
@@ -86,7 +76,7 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
             rdir.save_config(rcfg)
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
-            previous = round_adapter_path(rdir)
+            previous = str(rdir.file("train") / "adapter")  # absolute: round_dir resolves
     finally:
         res.close()
     if "eval" in stages:  # the final policy (last round's adapter) against the base, once

@@ -2,13 +2,11 @@
 then the blind evaluation of the trained policy against its base, then the report, in one run
 directory.
 
-The stage order lives here, and the table of every stage's module: each has the same entry
-point, `run_stage` (data_gen/generate.py, judge.py, score.py, pairs.py, report.py;
-training/train.py, evaluate.py). The loop that runs stages and skips finished ones is
-data_gen.pipeline.run_stages. The eval stage (training/evaluate.py, as `wim eval DIR`) runs
-when the config holds prompts out (`prompts.holdout`) and `eval.in_run` is on; it writes
-eval.json, which the report shows first. Several rounds and online DPO build on this
-(training/rounds.py, training/online.py).
+The stage order lives here (`STAGES`), and the table of every stage module's `run_stage`
+(`RUNNERS`); data_gen.pipeline.run_stages runs them and skips finished ones. The eval stage
+(training/evaluate.py, as `wim eval DIR`) runs when the config holds prompts out
+(`prompts.holdout`) and `eval.in_run` is on; the report shows its eval.json first. Several
+rounds and online DPO build on this (training/rounds.py, training/online.py).
 """
 
 from __future__ import annotations

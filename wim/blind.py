@@ -165,7 +165,6 @@ class BlindEvaluator:
         """One verdict per question: is answer a or b better? Both orders are asked."""
         if not len(questions) == len(answers_a) == len(answers_b):
             raise ValueError("pairwise needs as many answers_a and answers_b as questions")
-        # Identical answers tie without asking: both orders would be the same prompt.
         ask = [i for i, (a, b) in enumerate(zip(answers_a, answers_b, strict=True))
                if a.strip() != b.strip()]
         convs = [build_pair_messages(questions[i], answers_a[i], answers_b[i]) for i in ask]
@@ -179,9 +178,8 @@ class BlindEvaluator:
                 continue
             (v1, f1, raw1, t1, p1), (v2, f2, raw2, t2, p2) = (results[slot[i]],
                                                               results[n + slot[i]])
-            failure = None
-            if f1 or f2:
-                failure = "; ".join(f"order {o}: {f}" for o, f in (("a/b", f1), ("b/a", f2)) if f)
+            failed = (("a/b", f1), ("b/a", f2))
+            failure = "; ".join(f"order {o}: {f}" for o, f in failed if f) or None
             winner = None if failure else combine_orders(v1, v2)
             out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2,
                                    orders=order_verdicts(v1, v2),
@@ -257,13 +255,10 @@ class BlindEvaluator:
             second = self._generate(convs, value, seed, heads)
             return [(h + o2.text, o1.failure or o2.failure, _tokens(o1) + _tokens(o2),
                      o2.top_logprobs) for h, o1, o2 in zip(heads, first, second, strict=True)]
-        if top and b.supports_json_schema:
-            # JSON with a verdict enum: the server's guided decoding restricts the verdict
-            # position to A, B and tie, so its top_logprobs there are their distribution.
-            from wim.judge_prompts import JSON_OVERHEAD_TOKENS, critique_max_chars
+        if top and b.supports_json_schema:  # the verdict as an enum (verdict_schema)
+            from wim.judge_prompts import guided_max_tokens
 
-            limit = max(self.max_new_tokens,
-                        critique_max_chars(self.max_new_tokens) + JSON_OVERHEAD_TOKENS)
+            limit = guided_max_tokens("wim", self.max_new_tokens)  # a reason sized as a critique
             params = SamplingParams(limit, temperature, 1.0, top_logprobs=top,
                                     json_schema=verdict_schema(self.max_new_tokens))
         else:

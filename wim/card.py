@@ -1,16 +1,8 @@
 """The dataset card of a run's pairs: `DIR/pairs/README.md` (and `DIR/pairs.README.md`, and
-`DIR/dataset/README.md` with the completions config).
-
-In the Hub's dataset-card format: YAML metadata between `---` lines (pretty name, task
-category, size category, tags, `configs` naming the data files, plus a `wim` block with the
-numbers a program may want, and the `license`: `card.license`, else the source's own, else
-`unknown`), then markdown: the mechanical-numbers warning for a bundled judge, the license and
-where it came from, where the responses came from, the judge (role, model, prompt and its
-instructions), the embedder and zeta, the tie policy and the counts (pairs, ties dropped,
-failed judgements, echoed rubrics), the tie-rate and delta table, the columns, and the
-config that made the pairs; next to the completions config (DIR/dataset/), that config
-too and a section on its columns. A pure function of its inputs: the caller (data_gen's pairs
-stage) writes the files.
+`DIR/dataset/README.md` with the completions config), in the Hub's dataset-card format: YAML
+metadata between `---` lines, with a `wim` block of the numbers a program may want, then
+markdown that says how the pairs were made. A pure function of its inputs: the caller (data_gen's
+pairs stage) writes the files.
 """
 
 from __future__ import annotations
@@ -227,7 +219,7 @@ def _count_lines(cfg: Config, counts: dict[str, int], judge: dict[str, Any]) -> 
             f"{p.tie_tolerance:g} on the 1-10 scale tie. Failed judgements "
             f"({cfg.judge.on_parse_failure}) "
             + ("are left out of ranking." if cfg.judge.on_parse_failure == "exclude" else
-               "are scored as in the authors' code (rating_norm 0 / rating alone).") + "", "",
+               "are scored as in the authors' code (rating_norm 0 / rating alone)."), "",
             *markdown_table(["what", "count"], rows), ""]
 
 

@@ -64,9 +64,8 @@ class Embedder:
                 convert_to_numpy=True, show_progress_bar=False,
             ).astype(np.float32, copy=False)  # bfloat16 comes back as float32 (numpy has none)
             self._cache.update(zip(todo.keys(), vectors, strict=True))
-        dim = self.model.get_embedding_dimension()
         if not texts:
-            return np.zeros((0, dim), dtype=np.float32)
+            return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
         return np.stack([self._cache[k] for k in keys])
 
     def forget(self) -> None:

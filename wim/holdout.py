@@ -10,6 +10,7 @@ reads it and checks that no held-out prompt has a sample.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -39,11 +40,9 @@ def split_prompts(prompts: list[Prompt], holdout: int) -> tuple[list[Prompt], li
     for p in prompts:
         by_domain[p.domain].append(p)
     queues = [sorted(group, key=_rank) for _, group in sorted(by_domain.items())]
-    held: list[Prompt] = []
-    while len(held) < holdout:
-        for queue in queues:
-            if queue and len(held) < holdout:
-                held.append(queue.pop(0))
+    # zip_longest takes the domains in turns: every domain's first, then every second, ...
+    turns = itertools.zip_longest(*queues)
+    held = [p for turn in turns for p in turn if p is not None][:holdout]
     held_ids = {p.id for p in held}
     return [p for p in prompts if p.id not in held_ids], held
 
@@ -54,7 +53,7 @@ def load_split(source: str, split: str, limit: int | None,
     if holdout <= 0:
         return load_prompts(source, split=split, limit=limit), []
     train, held = split_prompts(load_prompts(source, split=split), holdout)
-    return (train[:limit] if limit is not None else train), held
+    return train[:limit], held
 
 
 def write_split(folder: Path, train: list[Prompt], held: list[Prompt]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from wim.backends import Backend, Completion, SamplingParams
 from wim.context import fit_text, token_budget
@@ -83,34 +83,23 @@ class Judge(ABC):
         return [(item, False) for item in items]
 
 
+@dataclass(eq=False)  # a judge is itself, not equal to another with the same settings
 class BackendJudge(Judge):
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        role: str,
-        model_name: str,
-        mode: str = "wim",
-        prompt: str = "ours",
-        criteria: str = "",
-        instructions_in: str = "system",
-        max_new_tokens: int = 64,
-        max_retries: int = 2,
-        retry_temperature: float = 0.7,
-        guided_json: bool = True,
-    ) -> None:
-        self.backend = backend
-        self.role = role
-        self.model_name = model_name
-        self.mode = mode
-        self.prompt = prompt
-        self.criteria = criteria
-        self.instructions_in = instructions_in
-        self.max_new_tokens = max_new_tokens
-        self.max_retries = max_retries
-        self.retry_temperature = retry_temperature
-        self.guided_json = guided_json
-        self.instructions = build_judge_instructions(criteria, mode, prompt)
+    backend: Backend
+    _: KW_ONLY
+    role: str
+    model_name: str
+    mode: str = "wim"
+    prompt: str = "ours"
+    criteria: str = ""
+    instructions_in: str = "system"
+    max_new_tokens: int = 64
+    max_retries: int = 2
+    retry_temperature: float = 0.7
+    guided_json: bool = True
+
+    def __post_init__(self) -> None:
+        self.instructions = build_judge_instructions(self.criteria, self.mode, self.prompt)
 
     @property
     def max_in_flight(self) -> int:  # type: ignore[override]
@@ -182,8 +171,7 @@ class BackendJudge(Judge):
     def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, int, int]]:
         """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
         convs = [self._messages(p, r) for p, r in items]
-        if not self.backend.supports_prefill:
-            # A server is asked for the JSON of the format, where it takes a schema.
+        if not self.backend.supports_prefill:  # a server: JSON, where it takes a schema
             guided = (self.guided_json and self.prompt == "ours"
                       and self.backend.supports_json_schema)
             schema = judge_json_schema(self.mode, self.max_new_tokens) if guided else None
@@ -239,8 +227,7 @@ class BackendJudge(Judge):
     def _generate(self, convs, params: SamplingParams, seed: int,
                   prefill: str | list[str] | None) -> list[Completion]:
         """One completion per conversation."""
-        outs = self.backend.generate(convs, params, seed=seed, prefill=prefill)
-        return [c[0] for c in outs]
+        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
 
 
 def configured_judge(j, backend: Backend, *, role: str, model_name: str,

@@ -72,23 +72,13 @@ INTERNALS: tuple[Internal, ...] = (
 )
 
 
-def resolve(path: str):
-    """The object `module:attr.chain` names (ImportError / AttributeError when it is gone)."""
-    import importlib
-
-    module, _, chain = path.partition(":")
-    obj = importlib.import_module(module)
-    for part in chain.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def problems(internal: Internal) -> list[str]:
     """What no longer holds for one internal in the installed versions ([] when all holds)."""
     import inspect
+    import pkgutil
 
-    try:
-        obj = resolve(internal.path)
+    try:  # `module:attr.chain` is pkgutil's form; ImportError / AttributeError when it is gone
+        obj = pkgutil.resolve_name(internal.path)
     except (ImportError, AttributeError) as exc:
         return [f"{internal.path} is gone ({type(exc).__name__}: {exc}); used by "
                 f"{internal.used_by}"]
@@ -105,4 +95,3 @@ def problems(internal: Internal) -> list[str]:
         return [f"{internal.path}{signature} no longer takes {', '.join(missing)}; used by "
                 f"{internal.used_by}"]
     return []
-

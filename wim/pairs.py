@@ -15,7 +15,7 @@ import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from wim.config import PairsConfig
@@ -24,8 +24,8 @@ from wim.scoring import is_tie, ten_point_gap
 
 @dataclass
 class PairCounts:
-    prompts: int = 0
     pairs: int = 0
+    prompts: int = 0
     prompts_too_few_parsed: int = 0
     """Prompts with fewer than two samples that parsed: no pair possible."""
     ties: int = 0
@@ -34,15 +34,8 @@ class PairCounts:
     ties_kept_random: int = 0
 
     def as_metrics(self) -> dict[str, int]:
-        return {
-            "pairs/count": self.pairs,
-            "pairs/prompts": self.prompts,
-            "pairs/prompts_too_few_parsed": self.prompts_too_few_parsed,
-            "pairs/ties": self.ties,
-            "pairs/ties_dropped": self.ties_dropped,
-            "pairs/ties_kept_first": self.ties_kept_first,
-            "pairs/ties_kept_random": self.ties_kept_random,
-        }
+        """Each field as `pairs/<field>`, in field order; `pairs` itself as `pairs/count`."""
+        return {f"pairs/{'count' if k == 'pairs' else k}": v for k, v in asdict(self).items()}
 
 
 def group_by_prompt(scored: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -36,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 
-MODES = ("wim", "numeric")
+from wim.judge_prompts import MODES
 
 # Critiques that mean "nothing is missing". Matched after `_normalize_form` (lowercase, single
 # spaces, no punctuation at the ends), so "None.", "N/A" and '"Nothing is missing!"' all match.
@@ -124,10 +124,8 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
         return _parse_authors(text, mode, instructions)
     labels = list(_RATING_LABEL.finditer(text))
     rating, rating_error, chosen = _find_rating(text, labels)
-    if mode == "numeric":
-        return ParsedJudgement(None, rating, rating is not None, rating_error)
     critique = _find_critique(text, labels, chosen)
-    return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
+    return _judgement(mode, critique, rating, rating_error, "no 'Missing:' field", instructions)
 
 
 def _from_json(text: str) -> tuple[object, object] | None:
@@ -155,11 +153,9 @@ def _parse_json(missing: object, rating_value: object, mode: str,
     critique is never searched for labels, so one that mentions "Rating: 0" or "[[3]]" keeps
     the JSON's rating."""
     rating, rating_error = _rating_value(_json_value(rating_value))
-    if mode == "numeric":
-        return ParsedJudgement(None, rating, rating is not None, rating_error)
     critique = None if missing is None else normalize_critique(
         _clean_critique(_json_value(missing)))
-    return _judgement(critique, rating, rating_error, "no 'Missing:' field", instructions)
+    return _judgement(mode, critique, rating, rating_error, "no 'Missing:' field", instructions)
 
 
 def _json_value(value: object) -> str:
@@ -171,15 +167,16 @@ def _json_value(value: object) -> str:
 def _parse_authors(text: str, mode: str, instructions: str) -> ParsedJudgement:
     """`[[N]]` rating and `[[[...]]]` critique; the last of each counts."""
     rating, rating_error = _rating_value(_AUTHORS_RATING.findall(text)[-1].strip())
-    if mode == "numeric":
-        return ParsedJudgement(None, rating, rating is not None, rating_error)
     blocks = _AUTHORS_MISSING.findall(text)
     critique = normalize_critique(_clean_critique(blocks[-1])) if blocks else None
-    return _judgement(critique, rating, rating_error, "no '[[[...]]]' field", instructions)
+    return _judgement(mode, critique, rating, rating_error, "no '[[[...]]]' field", instructions)
 
 
-def _judgement(critique: str | None, rating: int | None, rating_error: str | None,
+def _judgement(mode: str, critique: str | None, rating: int | None, rating_error: str | None,
                no_critique: str, instructions: str) -> ParsedJudgement:
+    """The parse of `mode`: numeric mode keeps only the rating, wim mode needs the critique."""
+    if mode == "numeric":
+        return ParsedJudgement(None, rating, rating is not None, rating_error)
     errors = [rating_error] if rating_error else []
     if critique is None:
         errors.append(no_critique)
@@ -298,10 +295,7 @@ def _find_critique(
 
 
 def _last(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
-    last = None
-    for match in pattern.finditer(text, 0, end):
-        last = match
-    return last
+    return max(pattern.finditer(text, 0, end), key=re.Match.start, default=None)
 
 
 def _clean_critique(raw: str) -> str:

@@ -28,8 +28,6 @@ _RECORD_HELP = (
 )
 
 
-
-
 @dataclass(frozen=True)
 class Prompt:
     id: str
@@ -47,10 +45,7 @@ class Prompt:
     @property
     def text(self) -> str:
         """The last user message content (for display and reports)."""
-        for message in reversed(self.messages):
-            if message["role"] == "user":
-                return message["content"]
-        return ""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +83,7 @@ def load_prompts(source: str, split: str = "train", limit: int | None = None) ->
             f"{origin} contains no prompts. Add records with a 'prompt' field, "
             "or point prompts.source at another file or 'bundled'."
         )
-    prompts = prompts[:limit] if limit is not None else prompts
+    prompts = prompts[:limit]
     logger.info("Loaded %d prompts from %s", len(prompts), source)
     return prompts
 
@@ -138,21 +133,21 @@ def _to_prompt(record: Any, index: int, where: str) -> Prompt:
     return Prompt(id=prompt_id, domain=domain, messages=messages)
 
 
-def _to_messages(value: Any, where: str, help_text: str = _RECORD_HELP) -> tuple[dict, ...]:
+def _to_messages(value: Any, where: str) -> tuple[dict, ...]:
     """A string becomes one user message; a list of messages is checked and copied."""
     if isinstance(value, str):
         if not value.strip():
-            raise PromptsError(f"{where}: empty prompt. {help_text}")
+            raise PromptsError(f"{where}: empty prompt. {_RECORD_HELP}")
         return ({"role": "user", "content": value},)
     if hasattr(value, "tolist"):  # parquet list columns arrive as numpy arrays
         value = value.tolist()
     if not isinstance(value, list):
         raise PromptsError(
             f"{where}: 'prompt' is a {type(value).__name__}, not a string or a list of messages. "
-            f"{help_text}"
+            f"{_RECORD_HELP}"
         )
     if not value:
-        raise PromptsError(f"{where}: empty prompt (an empty message list). {help_text}")
+        raise PromptsError(f"{where}: empty prompt (an empty message list). {_RECORD_HELP}")
     messages = []
     for number, message in enumerate(value, start=1):
         if not (
@@ -163,18 +158,18 @@ def _to_messages(value: Any, where: str, help_text: str = _RECORD_HELP) -> tuple
         ):
             raise PromptsError(
                 f"{where}: prompt message {number} is not a {{'role': str, 'content': str}} "
-                f"object (got {message!r}). {help_text}"
+                f"object (got {message!r}). {_RECORD_HELP}"
             )
         messages.append({"role": message["role"], "content": message["content"]})
     # The policy answers the conversation, so it must end on the user's turn.
     if messages[-1]["role"] != "user":
         raise PromptsError(
             f"{where}: the last prompt message has role {messages[-1]['role']!r}, expected 'user'. "
-            f"{help_text}"
+            f"{_RECORD_HELP}"
         )
     if not messages[-1]["content"].strip():
         raise PromptsError(
-            f"{where}: empty prompt (the last user message is blank). {help_text}"
+            f"{where}: empty prompt (the last user message is blank). {_RECORD_HELP}"
         )
     return tuple(messages)
 

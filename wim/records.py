@@ -14,6 +14,7 @@ import json
 import os
 from array import array
 from collections.abc import Iterable, Iterator
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +203,7 @@ class RecordIndex:
         out: list[dict[str, Any]] = []
         with self.path.open("rb") as f:
             for pid in prompt_ids:
-                where = self._where.get(pid)
-                if where is None:
-                    continue
+                where = self._where.get(pid, ())
                 for _idx, offset in sorted(zip(where[::2], where[1::2], strict=True)):
                     f.seek(offset)
                     out.append(json.loads(f.readline()))
@@ -215,32 +214,22 @@ class RecordIndex:
         ids = self.prompt_ids()
         for start in range(0, len(ids), batch):
             records = self.read(ids[start:start + batch])
-            group: list[dict[str, Any]] = []
-            for record in records:
-                if group and str(record["prompt_id"]) != str(group[0]["prompt_id"]):
-                    yield group
-                    group = []
-                group.append(record)
-            if group:
-                yield group
+            for _, group in groupby(records, key=lambda record: str(record["prompt_id"])):
+                yield list(group)
 
 
 def _cut_torn_tail(path: Path) -> None:
     """Cut what follows the last newline, reading only the file's tail."""
     with path.open("rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        pos = size
+        size = pos = f.seek(0, os.SEEK_END)
+        end = 0
         while pos > 0:
             step = min(1 << 16, pos)
-            f.seek(pos - step)
-            block = f.read(step)
-            at = block.rfind(b"\n")
+            pos = f.seek(pos - step)
+            at = f.read(step).rfind(b"\n")
             if at >= 0:
-                end = pos - step + at + 1
+                end = pos + at + 1
                 break
-            pos -= step
-        else:
-            end = 0
         if end != size:
             f.truncate(end)
 
@@ -313,32 +302,28 @@ def read_input_jsonl(path: str | Path, label: str, error: type[WimError] = WimEr
         f = path.open(encoding="utf-8-sig")
     except OSError as e:
         raise error(f"{label} file {str(path)!r} could not be read ({one_line(e)}).") from e
+    number = 0
     with f:
-        number = 0
-        while True:
-            try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                raise error(
-                    f"{label} file {str(path)!r}, line {number + 1}: not UTF-8 text "
-                    f"({one_line(e)}). Save it as UTF-8 JSON lines, one object per line."
-                ) from e
-            if not line:
-                return
-            number += 1
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                hint = (" (this file looks like a JSON array; write one object per line)"
-                        if line.lstrip().startswith("[") else "")
-                raise error(
-                    f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at "
-                    f"column {e.colno}). Each non-blank line must be one JSON object{hint}; "
-                    "fix that line or remove it."
-                ) from e
-            yield number, value
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as e:
+                    hint = (" (this file looks like a JSON array; write one object per line)"
+                            if line.lstrip().startswith("[") else "")
+                    raise error(
+                        f"{label} file {str(path)!r}, line {number}: invalid JSON ({e.msg} at "
+                        f"column {e.colno}). Each non-blank line must be one JSON object{hint}; "
+                        "fix that line or remove it."
+                    ) from e
+                yield number, value
+        except UnicodeDecodeError as e:  # raised by the read of line number + 1
+            raise error(
+                f"{label} file {str(path)!r}, line {number + 1}: not UTF-8 text "
+                f"({one_line(e)}). Save it as UTF-8 JSON lines, one object per line."
+            ) from e
 
 
 def one_line(error: BaseException) -> str:

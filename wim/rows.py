@@ -1,23 +1,23 @@
-"""Rows of a prompt or response source, streamed: a local .jsonl/.json/.csv/.parquet file, a
-folder written by `datasets`' `save_to_disk`, or a `datasets` hub name (`iter_rows`).
-
-Each row comes with its location ("line 7", "row 12 (counting from 0)") so that the reader of
-the rows (wim/prompts.py, wim/sources.py) names it in an error. A source that cannot be read
-raises `PromptsError` naming the file or dataset and what to change; a hub name fails within
-seconds when the Hub is offline (`hub_offline_reason`).
+"""Rows of a prompt or response source, streamed (`iter_rows`), each with its location ("line
+7", "row 12 (counting from 0)") so that the reader of the rows (wim/prompts.py, wim/sources.py)
+names it in an error. A source that cannot be read raises `PromptsError` naming the file or
+dataset and what to change; a hub name fails within seconds when the Hub is offline
+(`hub_offline_reason`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from wim.errors import WimError
 from wim.records import one_line, read_input_jsonl
 
 JSONL_SUFFIXES = (".jsonl", ".json")
-TABLE_SUFFIXES = (".csv", ".parquet")
 
 
 class PromptsError(WimError):
@@ -38,15 +38,15 @@ def iter_rows(source: str, split: str = "train", limit: int | None = None,
     suffix = path.suffix.lower()
     if path.is_dir():
         return _read_saved(path, split, label, column), f"{label} folder {str(path)!r}"
-    if path.is_file() or suffix in JSONL_SUFFIXES + TABLE_SUFFIXES:
+    if path.is_file() or suffix in (*JSONL_SUFFIXES, ".csv", ".parquet"):
         if not path.is_file():
             raise PromptsError(
                 f"{label} file {str(path)!r} does not exist. Check the path in "
                 f"{_key(label)} (relative paths are resolved from the current directory)"
-                f"{_BUNDLED_HINT if label == 'Prompt' else ''}."
+                + (", or use 'bundled'." if label == "Prompt" else ".")
             )
-        if suffix in JSONL_SUFFIXES:
-            rows = _read_jsonl(path, label)
+        if suffix in JSONL_SUFFIXES:  # line by line; blank lines are skipped
+            rows = ((f"line {n}", r) for n, r in read_input_jsonl(path, label, PromptsError))
         elif suffix == ".csv":
             rows = _read_csv(path, label, column)
         elif suffix == ".parquet":
@@ -60,9 +60,6 @@ def iter_rows(source: str, split: str = "train", limit: int | None = None,
         return rows, f"{label} file {str(path)!r}"
     rows = _read_hub(source, split, limit, label, column)
     return rows, f"Dataset {source!r} (split {split!r})"
-
-
-_BUNDLED_HINT = ", or use 'bundled'"
 
 
 def _key(label: str) -> str:
@@ -104,11 +101,6 @@ def _read_saved(path: Path, split: str, label: str, column: str | None
     return ((f"row {index} (counting from 0)", r) for index, r in enumerate(dataset))
 
 
-def _read_jsonl(path: Path, label: str = "Prompt") -> Iterator[tuple[str, Any]]:
-    """(location, record) pairs, line by line; blank lines are skipped."""
-    return ((f"line {n}", r) for n, r in read_input_jsonl(path, label, PromptsError))
-
-
 def _missing_column(path: Path, label: str, column: str, columns) -> PromptsError:
     return PromptsError(
         f"{label} file {str(path)!r} has no {column!r} column (columns: "
@@ -130,8 +122,7 @@ def _unreadable(path: Path, label: str, column: str | None, e: BaseException) ->
 _CHUNK_ROWS = 1000
 
 
-def _read_csv(path: Path, label: str = "Prompt", column: str | None = "prompt"
-              ) -> Iterator[tuple[str, Any]]:
+def _read_csv(path: Path, label: str, column: str | None) -> Iterator[tuple[str, Any]]:
     """A CSV file in chunks of rows, every cell as text (ids like "007" stay as written)."""
     import pandas as pd  # slow to import; only table sources need it
 
@@ -151,25 +142,21 @@ def _csv_rows(chunks, path: Path, label: str, column: str | None) -> Iterator[tu
     # 0-based like the default ids; CSV line numbers would be wrong for quoted newlines.
     index = 0
     with chunks:
-        while True:
-            try:
-                frame = next(chunks)
-            except StopIteration:
-                return
-            except (OSError, ValueError) as e:
-                raise PromptsError(
-                    f"{label} file {str(path)!r}, after row {index - 1} (counting from 0, "
-                    f"header excluded): not valid CSV ({one_line(e)}). Fix that row."
-                ) from e
-            if index == 0 and column is not None and column not in frame.columns:
-                raise _missing_column(path, label, column, frame.columns)
-            for record in frame.to_dict("records"):
-                yield f"row {index} (counting from 0, header excluded)", record
-                index += 1
+        try:
+            for frame in chunks:
+                if index == 0 and column is not None and column not in frame.columns:
+                    raise _missing_column(path, label, column, frame.columns)
+                for record in frame.to_dict("records"):
+                    yield f"row {index} (counting from 0, header excluded)", record
+                    index += 1
+        except (OSError, ValueError) as e:  # raised by the read of the next chunk
+            raise PromptsError(
+                f"{label} file {str(path)!r}, after row {index - 1} (counting from 0, "
+                f"header excluded): not valid CSV ({one_line(e)}). Fix that row."
+            ) from e
 
 
-def _read_parquet(path: Path, label: str = "Prompt", column: str | None = "prompt"
-                  ) -> Iterator[tuple[str, Any]]:
+def _read_parquet(path: Path, label: str, column: str | None) -> Iterator[tuple[str, Any]]:
     """A parquet file row group by row group (pyarrow): lists arrive as lists, nulls as None."""
     import pyarrow.parquet as pq  # slow to import; only parquet sources need it
 
@@ -198,16 +185,12 @@ def hub_offline_reason() -> str | None:
     """Why the Hugging Face Hub cannot be reached, found within seconds (None: reachable, or
     offline mode, where `datasets` reads its cache and fails fast by itself). `datasets`
     would retry a dead network for about 23 seconds before saying so."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
         return None
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     url = urlparse(endpoint)
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https"
-                                                                else 80)
+    host = url.hostname or "huggingface.co"
+    port = url.port or (443 if url.scheme == "https" else 80)
     try:
         socket.create_connection((host, port), timeout=3).close()
     except OSError as e:
@@ -215,8 +198,8 @@ def hub_offline_reason() -> str | None:
     return None
 
 
-def _read_hub(source: str, split: str, limit: int | None, label: str = "Prompt",
-              column: str | None = "prompt") -> Iterator[tuple[str, Any]]:
+def _read_hub(source: str, split: str, limit: int | None, label: str, column: str | None
+              ) -> Iterator[tuple[str, Any]]:
     """A `datasets` hub dataset, streamed (`streaming=True`): rows come as they are read."""
     hint = ("Without network access, use a local .jsonl, .csv or .parquet file"
             + (" with a 'prompt' column, or 'bundled'." if label == "Prompt" else

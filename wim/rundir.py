@@ -59,11 +59,6 @@ class RunDirBusyError(RunDirError):
     """Another process holds the run directory's lock."""
 
 
-def judge_uses_http(cfg: Config) -> bool:
-    """An external judge on a server: its endpoint is `judge_http(cfg)`."""
-    return cfg.judge.role == "external" and cfg.judge.backend == "http"
-
-
 def _http_identity(section) -> dict:
     http = {k: getattr(section, k) for k in HTTP_IDENTITY_KEYS}
     http["base_urls"] = sorted(http["base_urls"])
@@ -86,7 +81,7 @@ def identity(cfg: Config) -> dict:
                       if k not in ("http", "batch", "batch_retry")}
     if cfg.policy.backend == "http":
         ident["http"] = _http_identity(cfg.http)
-    if judge_uses_http(cfg):
+    if cfg.judge.role == "external" and cfg.judge.backend == "http":
         ident["judge_http"] = _http_identity(judge_http(cfg))
     return ident
 
@@ -100,19 +95,16 @@ def identity_sha256(cfg: Config, source_sha: str | None = None) -> str:
 
 
 def _readable_source_sha256(cfg: Config) -> str | None:
-    try:
-        return source_content_sha256(cfg)
-    except WimError:
-        return None
-
-
-def source_content_sha256(cfg: Config) -> str | None:
-    """sha256 of the content of `generation.source` (None when the policy samples)."""
+    """sha256 of the content of `generation.source` (None when the policy samples, or when the
+    source cannot be read now)."""
     if cfg.generation.source is None:
         return None
     from wim.sources import source_sha256
 
-    return source_sha256(cfg.generation.source, cfg.generation.source_split)
+    try:
+        return source_sha256(cfg.generation.source, cfg.generation.source_split)
+    except WimError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -193,23 +185,23 @@ class RunDir:
                                 source=str(self.config_file))
 
     def shard(self) -> str | None:
-        meta = self.read_meta()
-        return meta.get("shard") if meta else None
+        return (self.read_meta() or {}).get("shard")
 
     def claim(self, cfg: Config, shard: str | None = None) -> None:
         """Create the folder or check that it holds a run of the same data config."""
         meta = self.read_meta()
         if meta is not None:
             old = config_from_dict(meta["config"], source=str(self.config_file))
-            if identity(old) != identity(cfg) or meta.get("shard") != shard:
-                changed = _changed_keys(identity(old), identity(cfg))
+            was, now = identity(old), identity(cfg)
+            if was != now or meta.get("shard") != shard:
+                changed = _changed_keys(was, now)
                 if meta.get("shard") != shard:
                     changed.append(f"shard ({meta.get('shard')} -> {shard})")
                 raise RunDirError(
                     f"{self.path} already holds a run with a different config "
                     f"(changed: {', '.join(changed)}). Nothing was written. Use another --out "
                     "folder, or re-run with the config saved in "
-                    f"{self.config_file}." + _dtype_advice(changed, old, cfg, meta)
+                    f"{self.config_file}." + _dtype_advice(changed, was, now, meta)
                 )
             self._check_source(cfg, meta)
         self.ensure_folder()
@@ -327,12 +319,11 @@ def _busy_message(folder: Path, lock_file: Path) -> str:
     )
 
 
-def _dtype_advice(changed: list[str], old: Config, new: Config, meta: dict) -> str:
-    """What to do when only the machine's choice of dtype differs from the run's."""
+def _dtype_advice(changed: list[str], was: dict, now: dict, meta: dict) -> str:
+    """What to do when only the machine's choice of dtype differs between identities was, now."""
     keys = [k for k in changed if k.endswith(".dtype")]
     if not keys:
         return ""
-    was, now = identity(old), identity(new)
     parts = [f"{k} {was[k.split('.')[0]]['dtype']} -> {now[k.split('.')[0]]['dtype']}"
              for k in keys]
     here = machine().describe()

@@ -163,8 +163,7 @@ def score_record(j: dict[str, Any], sim: float | None, zeta: float, on_parse_fai
 
 
 def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict[str, Any]:
-    """The authors' handling of a failed parse: rating_norm 0 for an unparseable rating, and
-    the rating alone when the critique is missing."""
+    """`on_parse_failure="authors"` for a judgement that failed to parse (`score_judgements`)."""
     valid = isinstance(j.get("rating"), int) and 1 <= j["rating"] <= 10
     rn = rating_norm(j["rating"]) if valid else 0.0
     critique = isinstance(j.get("critique"), str)
@@ -177,11 +176,12 @@ def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict
 def check_judgement(j: dict[str, Any], where: str) -> None:
     """Validate a judgement read from disk (maybe written by another tool) before scoring.
     Raises RecordsError naming `where` ("FILE, record N") and the key."""
-    for key, kind in (("prompt_id", (str, int)), ("sample_idx", int), ("response", str),
-                      ("parse_ok", bool)):
-        if not isinstance(j.get(key), kind) or (kind is int and isinstance(j[key], bool)):
-            raise RecordsError(f"{where}: '{key}' is missing or not a {_kind(kind)}, got "
-                               f"{j.get(key)!r}.")
+    for key, kinds in (("prompt_id", (str, int)), ("sample_idx", (int,)), ("response", (str,)),
+                       ("parse_ok", (bool,))):
+        value = j.get(key)
+        if not isinstance(value, kinds) or (kinds == (int,) and isinstance(value, bool)):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise RecordsError(f"{where}: '{key}' is missing or not a {names}, got {value!r}.")
     critique, rating = j.get("critique"), j.get("rating")
     if critique is not None and not isinstance(critique, str):
         raise RecordsError(f"{where}: 'critique' must be a string or null, got {critique!r}.")
@@ -191,7 +191,3 @@ def check_judgement(j: dict[str, Any], where: str) -> None:
                            f"{rating!r}.")
     if j["parse_ok"] and rating is None:
         raise RecordsError(f"{where}: 'parse_ok' is true but 'rating' is null.")
-
-
-def _kind(kind) -> str:
-    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__

@@ -83,8 +83,7 @@ class Source:
     def check(self) -> None:
         """Read the first row only: a missing file, an unreadable format or an unknown shape
         fails here, before anything is written."""
-        for _ in self._prompts(first_only=True):
-            break
+        next(self._prompts(first_only=True), None)
 
     def __iter__(self) -> Iterator[SourcedPrompt]:
         return self._prompts()

@@ -41,7 +41,6 @@ MECHANICAL_WARNING = (
     "evidence for or against WIM."
 )
 ALPHA = 0.05
-"""Below this many verdicts the length slope is reported as too noisy to mean anything."""
 
 
 def is_bundled(name: str | None) -> bool:
@@ -72,18 +71,6 @@ class Outcomes:
     as probability 1), `identical` or `pointwise`."""
     prompt_ids: list[str] = field(default_factory=list)
     """Per prompt of `values`: its id."""
-
-    @property
-    def wins(self) -> int:
-        return sum(v == 1.0 for v in self.values)
-
-    @property
-    def losses(self) -> int:
-        return sum(v == 0.0 for v in self.values)
-
-    @property
-    def ties(self) -> int:
-        return sum(v == 0.5 for v in self.values)
 
 
 def outcome_of(winner: str) -> float:
@@ -197,7 +184,8 @@ def sensitivity(wins: int, losses: int, ties: int, failures: int) -> dict[str, f
 def summarize_comparison(name: str, a: str, b: str, outcomes: Outcomes, seed: int = 0,
               resamples: int = 2000) -> dict:
     """One comparison's entry of eval.json (`p_holm` is filled in by `with_holm`)."""
-    w, lo, t, f = outcomes.wins, outcomes.losses, outcomes.ties, outcomes.failures
+    w, lo, t = (outcomes.values.count(v) for v in (1.0, 0.0, 0.5))
+    f = outcomes.failures
     kinds = outcomes.tie_kinds
     agree = outcomes.order_agreement
     return {

@@ -15,6 +15,7 @@ the server's view of them (a shared mount).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -58,8 +59,6 @@ def served_http(http, adapter_dir: str | Path | None):
     """`http` (an HTTPConfig) with `model` the served name of `adapter_dir` (registered now;
     "already loaded" after a restart of ours is fine), or the base name when there is none
     or adapters are not served."""
-    import dataclasses
-
     if adapter_dir is None or http.adapter_serving != "vllm":
         return http
     return dataclasses.replace(http, model=serve_adapter(http, adapter_dir))
@@ -113,16 +112,12 @@ def register_adapter(base_url: str, name: str, local_path: str | Path,
     if status == 400 and "already been loaded" in text:
         logger.info("adapter %s already registered with %s", name, base_url)
         return path
-    hint = _path_hint(path, local_path)
+    hint = (f"The server must be able to read the folder {path!r} (this machine's "
+            f"{str(local_path)!r}); if it sees this machine's files under another path (a "
+            "shared mount), set http.server_paths, e.g. {'/local/runs': '/mnt/runs'}.")
     if status in (404, 405) and "adapter" not in text.lower():  # no such route
         hint = ("the server has no runtime LoRA loading: start vLLM with --enable-lora "
                 "(and --max-lora-rank >= lora.r) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, "
                 "or set http.adapter_serving: none")
     raise AdapterServingError(f"{url} refused adapter {name!r} at {path!r} (HTTP "
                               f"{status}: {text}). {hint}")
-
-
-def _path_hint(path: str, local_path: str | Path) -> str:
-    return (f"The server must be able to read the folder {path!r} (this machine's "
-            f"{str(local_path)!r}); if it sees this machine's files under another path (a "
-            "shared mount), set http.server_paths, e.g. {'/local/runs': '/mnt/runs'}.")

@@ -1,21 +1,14 @@
 """What the transformers backend hands `generate`: its end tokens, and a sampler that draws
-among the tokens top-k and top-p keep.
+among the tokens top-k and top-p keep (docs/design.md, "Backends").
 
-Decoding is transformers' own `generate`, after a shared prefix's pre-filled cache where there
-is one (prefix_cache.py). A loop of our own that dropped finished rows from the batch did not
-earn its place over `generate` on the same pre-filled cache and is gone
-(tests/benchmarks/results/judge_96_float32.txt, quickstart_loop_deletion.txt).
-
-`CandidateSampler` is a logits processor that applies temperature, top-k and top-p as
-`generate` would, draws one token from their softmax over the kept tokens only, and leaves
-only that token possible, so that `generate` runs greedy after it. `generate`'s own sampling
-is slow on a CPU twice over: its top-p sorts the whole vocabulary although top-k left about k
+Decoding is transformers' own `generate`: a loop of our own did not earn its place over it
+(tests/benchmarks/results/judge_96_float32.txt, quickstart_loop_deletion.txt). Its sampling is
+slow on a CPU twice over: its top-p sorts the whole vocabulary although top-k left about k
 tokens, and `torch.multinomial` draws an exponential for every vocabulary entry of every row
-(docs/benchmarks.md, "Decoding and sampling"). The probabilities are generate's
-(tests/wim/test_prefix_cache.py); the random numbers are used otherwise, so a seed gives its
-own tokens, not generate's. Settings of a generation config the sampler does not apply (a
-repetition penalty, min-p, ...) are named by `unsupported_settings`; the backend then lets
-`generate` sample with its own warpers.
+(docs/benchmarks.md, "Decoding and sampling"). So `CandidateSampler` draws over the kept tokens
+only, with generate's probabilities (tests/wim/test_prefix_cache.py) but its own use of the
+random numbers: a seed gives its own tokens, not generate's. With a generation config setting
+that it does not apply (`unsupported_settings`), `generate` samples with its own warpers.
 """
 
 from __future__ import annotations
@@ -42,12 +35,8 @@ def _default(key: str):
 
 def unsupported_settings(config: GenerationConfig) -> list[str]:
     """The settings of a model's generation config that `generate` applies and our sampler not."""
-    found = []
-    for key in _NOT_APPLIED:
-        value = getattr(config, key, None)
-        if value is not None and value != _default(key) and value is not False:
-            found.append(key)
-    return found
+    values = {key: getattr(config, key, None) for key in _NOT_APPLIED}
+    return [k for k, v in values.items() if v is not None and v != _default(k) and v is not False]
 
 
 def end_tokens(config: GenerationConfig) -> list[int]:
@@ -58,22 +47,15 @@ def end_tokens(config: GenerationConfig) -> list[int]:
     return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
 
 
-def _top_k(config: GenerationConfig) -> int:
-    """The top-k generate samples with: the generation config's, else generate's default (50)."""
-    return config.top_k if config.top_k is not None else _default("top_k")
-
-
 def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float):
     """(values, indices): the tokens transformers' `TopKLogitsWarper` then `TopPLogitsWarper`
     (min_tokens_to_keep 1) keep in each row, with their scores, and some more at -inf (rows
     keep different numbers of tokens; a row's kept ones come first).
 
-    generate's top-p sorts the whole vocabulary and takes its cumulative softmax although top-k
-    left about k finite scores (docs/benchmarks.md, "Decoding and sampling"); here top-p
-    runs on what `topk` returns: the k best, and every token tied with the k-th (generate's
-    top-k keeps ties too; in bfloat16 most steps of a batch have some). Where tied scores
-    straddle the top-p boundary, which of them stays depends on the sort's order of equal
-    values, here and in generate alike."""
+    Top-p runs on what `topk` returns, not the whole vocabulary: the k best, and every token
+    tied with the k-th (generate's top-k keeps ties too; in bfloat16 most steps of a batch have
+    some). Where tied scores straddle the top-p boundary, which of them stays depends on the
+    sort's order of equal values, here and in generate alike."""
     values, indices = scores.topk(min(top_k, scores.shape[-1]), dim=-1)  # descending
     kth = values[:, -1:]
     # The most tokens a row keeps (finite ones: a processor's -inf ties with nothing).
@@ -99,7 +81,8 @@ class CandidateSampler:
 
     def __init__(self, config: GenerationConfig, temperature: float, top_p: float) -> None:
         self.temperature = temperature
-        self.top_k = _top_k(config)
+        # generate's top-k: the generation config's, else its default (50)
+        self.top_k = config.top_k if config.top_k is not None else _default("top_k")
         self.top_p = top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,15 @@
 """Attention for one new token at a time on a CPU: two matrix products instead of SDPA's kernel.
 
-When a model decodes, each step has one query row per sequence. PyTorch's CPU flash-attention
-kernel (what SDPA runs there, torch 2.13) is slow for that shape, most of all in bfloat16, where
-it is hardly faster than in float32. Two matrix products around a float32 softmax are faster for
-SmolLM2-135M's heads at 8-32 rows x 120-1100 cached positions in both dtypes
-(tests/benchmarks/bench_decode_attention.py, results/decode_attention.txt). So on a CPU, while
-the backend decodes, a model that uses SDPA uses `decode_attention_forward`: one-row steps run
-the two products (transformers' eager arithmetic: scores rounded to the model's dtype, softmax
-in float32, but without eager's copies of the key/value heads); every other call (prompt
-prefill) stays SDPA, the faster one there. Training never runs under it: `decoding_attention`
-switches it on for the duration of a `with` only. In bfloat16 the rounded scores change some
-greedy outputs against SDPA's float32 scores (docs/benchmarks.md); in float32 the two agree to
-float rounding (tests/wim/test_decode_attention.py).
+PyTorch's CPU flash-attention kernel (what SDPA runs there, torch 2.13) is slow for one query
+row, most of all in bfloat16 (hardly faster than in float32); two matrix products around a
+float32 softmax are faster for SmolLM2-135M's heads at 8-32 rows x 120-1100 cached positions in
+both dtypes (tests/benchmarks/bench_decode_attention.py, results/decode_attention.txt). The
+arithmetic is transformers' eager attention's (scores rounded to the model's dtype, softmax in
+float32) without its copies of the key/value heads; any other call (prompt prefill) stays
+SDPA, the faster one there, and training never runs under it (`decoding_attention` switches it
+on for a `with` only). In bfloat16 the rounded scores change some greedy outputs against SDPA's
+(docs/benchmarks.md); in float32 the two agree to float rounding
+(tests/wim/test_decode_attention.py).
 """
 
 from __future__ import annotations
@@ -58,18 +56,13 @@ def decode_attention_forward(module, query, key, value, attention_mask, dropout:
     return out.reshape(batch, 1, heads, head_dim), None
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(NAME, decode_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # the same masks SDPA gets
-
-
 @contextlib.contextmanager
 def decoding_attention(model):
     """Within the `with`, a model on a CPU that uses SDPA uses `decode_attention_forward`;
     any other model is left as it is. The model's own implementation is restored on exit."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     from wim.models import attention_implementation
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -77,6 +70,7 @@ def decoding_attention(model):
             or base.device.type != "cpu":
         yield
         return
-    _register()
+    AttentionInterface.register(NAME, decode_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # the same masks SDPA gets
     with attention_implementation(base, NAME):
         yield

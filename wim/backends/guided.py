@@ -59,8 +59,7 @@ class FormatGuide(LogitsProcessor):
         # The value: digits only (as a server's JSON schema asks for an integer); after the
         # first digit, also the end of the line or of the turn.
         self.digit_list = sorted(digit_ids)
-        ends = [*self.newline_list, *self.end_ids]
-        self.digit_or_end = sorted({*self.digit_list, *ends})
+        self.digit_or_end = sorted({*digit_ids, *self.newline_ids, *self.end_ids})
         self.rows = [_Row() for _ in range(batch)]
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
                         for c in choices for prefix in ("", " ")]
@@ -75,7 +74,12 @@ class FormatGuide(LogitsProcessor):
             nxt.add(self.newline_list[0])
         return sorted(nxt)
 
-    def _value_done(self, value: list[int]) -> bool:
+    def _value_ends(self, value: list[int]) -> bool:
+        """The value is complete: its last token ends the line or the turn, it has
+        `max_value_tokens`, or it is a choice that no other choice extends."""
+        last = value[-1]
+        if last in self.newline_ids or last in self.end_ids or len(value) >= self.max_value_tokens:
+            return True
         return bool(self.choices) and value in self.choices and not any(
             len(c) > len(value) and c[:len(value)] == value for c in self.choices)
 
@@ -104,8 +108,7 @@ class FormatGuide(LogitsProcessor):
         elif row.phase == 2:
             row.count += 1
             row.value.append(token)
-            if (token in self.newline_ids or token in self.end_ids
-                    or row.count >= self.max_value_tokens or self._value_done(row.value)):
+            if self._value_ends(row.value):
                 row.phase = 3
 
     def __call__(self, input_ids, scores):
@@ -150,10 +153,7 @@ class FormatGuide(LogitsProcessor):
         for i, row in enumerate(self.rows):
             if row.phase == 2:
                 # The last token has not been seen by __call__ yet; peek at it.
-                token = int(input_ids[i, -1])
-                finished = (token in self.newline_ids or token in self.end_ids
-                            or row.count + 1 >= self.max_value_tokens
-                            or self._value_done([*row.value, token]))
+                finished = self._value_ends([*row.value, int(input_ids[i, -1])])
                 rows.append(finished and input_ids.shape[1] - self.prompt_len > 0)
             else:
                 rows.append(row.phase == 3)

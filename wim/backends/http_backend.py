@@ -1,11 +1,8 @@
 """Generation over HTTP from OpenAI-compatible servers (vLLM, SGLang, TGI, llama.cpp, OpenAI).
 
-The transport is wim/backends/http_client.py: one event loop per backend, at most
-`concurrency` requests in flight over all base URLs, shared by every `generate` call from any
-thread (the stages run several batches at once, data_gen/flow.py), so a finished request is
-replaced at once, across batch boundaries. Retries, backoff, the routing around a base URL
-that is down and the per-URL counts are the client's; the API key appears only in the
-Authorization header, never in reprs, errors or logs.
+The transport is wim/backends/http_client.py (one per backend): its in-flight cap is shared
+by every `generate` call from any thread (the stages run several batches at once,
+data_gen/flow.py); retries, failover, rate limits and the per-URL counts are the client's.
 
 Samples of one prompt come from one request with `n=k` (vLLM, SGLang and OpenAI take it; the
 server then reads the prompt once). A server that refuses `n` (a 4xx naming it) or answers
@@ -13,14 +10,12 @@ with fewer choices gets the missing samples as single requests (`n=1`) from then
 (`stats["n_fallback"]`). A failed request becomes `Completion(ok=False, error=...)`: the
 backend never raises for a request and never waits without a timeout.
 
-Guided judge format: with `SamplingParams.json_schema` the request carries a `response_format`,
-first in OpenAI's form (`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, llama.cpp's
-llama-server), then, if the server refuses that with a 4xx naming the format, in the
-`{"type": "json_object", "schema": ...}` form (llama-cpp-python's server, llama-server), then
-none (plain text). A refusal is a 4xx whose body names the format, or a 5xx that names
-`response_format` (llama-cpp-python answers an unknown format type with a 500). A refused form
-is remembered for the backend's lifetime and counted (`stats["guided_refused"]`); the refusal
-is not a retry of the request.
+Guided judge format (`SamplingParams.json_schema`): a `response_format` in OpenAI's form
+(`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, llama.cpp's llama-server), once refused
+the `{"type": "json_object", "schema": ...}` form (llama-cpp-python's server, llama-server),
+then none (plain text). A refusal is a 4xx whose body names the format, or a 5xx that names
+`response_format` (llama-cpp-python answers an unknown format type with a 500); it is
+remembered for the backend's lifetime, counted (`stats["guided_refused"]`), and not a retry.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ import logging
 import re
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
-from wim.backends.http_client import BODY_SNIPPET, Failure, HTTPClient, http_failure
+from wim.backends.http_client import Failure, HTTPClient, http_failure, malformed
 
 logger = logging.getLogger(__name__)
 
@@ -46,50 +41,26 @@ GUIDED_FORMS = ("json_schema", "json_object")
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
 
 
-def response_format(form: str, schema: dict) -> dict:
-    """The `response_format` request field asking for JSON that matches `schema`."""
-    if form == "json_schema":
-        return {"type": "json_schema",
-                "json_schema": {"name": "wim_judgement", "schema": schema, "strict": True}}
-    return {"type": "json_object", "schema": schema}
-
-
 class HTTPBackend(Backend):
-    """Chat completions from one or more OpenAI-compatible base URLs (ending in `/v1`).
-
-    `concurrency` caps the requests in flight over all base URLs together (`max_in_flight`);
-    `generate` may be called from several threads at once and every call shares that cap."""
+    """Chat completions from one or more OpenAI-compatible base URLs (ending in `/v1`);
+    `settings` are HTTPClient's (`api_key_env`, `concurrency`, `timeout_s`, ...)."""
 
     name = "http"
     supports_prefill = False
     supports_json_schema = True
 
     def __init__(
-        self,
-        base_urls: list[str],
-        model: str,
-        api_key_env: str = "WIM_API_KEY",
-        concurrency: int | str = 8,
-        timeout_s: float = 60.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        context_tokens: int | None = None,
-        **limits,
+        self, base_urls: list[str], model: str, context_tokens: int | None = None, **settings
     ) -> None:
-        # limits: max_concurrency, requests_per_minute, tokens_per_minute (HTTPClient's)
-        self._client = HTTPClient(base_urls, api_key_env=api_key_env, concurrency=concurrency,
-                                  timeout_s=timeout_s, max_retries=max_retries,
-                                  backoff_s=backoff_s, **limits)
-        self.base_urls = self._client.base_urls
+        client = self._client = HTTPClient(base_urls, **settings)
+        self.base_urls = client.base_urls
         self.model = model
-        self.api_key_env = api_key_env
-        self.concurrency = concurrency
+        # Kept for the repr: judge.batch swaps `_client` for a stand-in.
+        self.api_key_env, self.concurrency = client.api_key_env, client.concurrency
+        self.timeout_s, self.max_retries = client.timeout_s, client.max_retries
         # Under auto, enough work is queued for the most it may reach.
-        self.max_in_flight = (self._client.max_concurrency if concurrency == "auto"
-                              else concurrency)
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        cap = client.concurrency
+        self.max_in_flight = client.max_concurrency if cap == "auto" else cap
         self.context_tokens = context_tokens  # prompts are measured with the base estimate
         self.stats = self._client.stats  # one dict: the client's counts and the two below
         self.stats.update({"guided_refused": 0, "n_fallback": 0})
@@ -139,15 +110,11 @@ class HTTPBackend(Backend):
             logger.warning("the server gave %d of n=%d samples in one request; asking once per "
                            "sample from now on", gave, n)
 
-    def complete(self, messages: Conversation, params: SamplingParams, seed: int,
-                 n: int = 1) -> list[Completion]:
+    async def _complete(self, messages: Conversation, params: SamplingParams, seed: int,
+                        n: int = 1) -> list[Completion]:
         """The choices of one chat-completion request (up to `n`), with retries; a failure
         comes back as one `ok=False` completion (error `_N_REFUSED` when the server refused
         n > 1)."""
-        return self._client.run(self._complete(messages, params, seed, n))
-
-    async def _complete(self, messages: Conversation, params: SamplingParams, seed: int,
-                        n: int = 1) -> list[Completion]:
         payload: dict = {
             "model": self.model,
             "messages": messages,
@@ -202,8 +169,13 @@ class HTTPBackend(Backend):
         if schema is None:
             return None
         form = next((f for f in GUIDED_FORMS if f not in self._refused), None)
-        if form is not None:
-            payload["response_format"] = response_format(form, schema)
+        if form == "json_schema":
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "wim_judgement", "schema": schema, "strict": True},
+            }
+        elif form == "json_object":
+            payload["response_format"] = {"type": "json_object", "schema": schema}
         return form
 
     def _refuse(self, form: str, reason: str) -> None:
@@ -233,10 +205,7 @@ def _parse(body: bytes, url: str) -> list[Completion] | Failure:
         if not texts:
             raise IndexError("no choices")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        snippet = body[:BODY_SNIPPET].decode("utf-8", errors="replace")
-        return Failure(
-            f"malformed response from {url} ({type(exc).__name__}): {snippet}", retry=True
-        )
+        return malformed(url, body, type(exc).__name__)
     if not all(isinstance(t, str) for t in texts):
         return Failure(f"malformed response from {url}: message content is not text", retry=True)
     weights = [len(t) + 1 for t in texts]

@@ -1,40 +1,35 @@
-"""The transport of the HTTP backends: JSON POSTs to one or more base URLs, callable from any
-thread, with every request of every caller under one in-flight cap.
+"""The transport of the HTTP backends and the HTTP embedder: JSON POSTs to one or more base
+URLs from any thread, every request of every caller under one in-flight cap (docs/design.md,
+"Backends", says why each rule is there).
 
-aiohttp runs on an asyncio event loop in one background thread per client: of the HTTP
-clients, it costs the least CPU per request, and on a driver's few cores that CPU decides how
-many requests a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py).
-Callers in other threads hand it work and wait (`post_json`, `post_many`, `run`); coroutines
-on its loop (`request`) share one semaphore of `concurrency` slots, over all base URLs, so
-when any request finishes, the next one waiting, from whichever caller, starts. Waiters are
-served first come, first served: a stage's earlier batches go first.
+aiohttp on an asyncio event loop in one background thread per client: of the HTTP clients, it
+costs the least CPU per request, and on a driver's few cores that CPU decides how many requests
+a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py). Callers in other
+threads hand it work and wait (`post_json`, `post_many`, `run`); coroutines on its loop
+(`request`) share `concurrency` slots over all base URLs, first come, first served (a stage's
+earlier batches go first), so a finished request is replaced at once from whichever caller.
 
-Each attempt holds a slot; a backoff does not. A request that fails with a connect error, a
-dropped connection, a timeout, 5xx or a body its `parse` calls malformed is retried, with
-exponential backoff, on the next base URL; 4xx are not. After `max_retries` retries it
-comes back as a `Failure`: nothing here raises for a request, and every attempt has a deadline
-(`timeout_s` for the whole reply, so a server that trickles bytes cannot hold a slot).
+An attempt holds a slot, a backoff does not. A connect error, a dropped connection, a timeout
+(`timeout_s` bounds the whole reply, so a server that trickles bytes cannot hold a slot), a
+5xx or a body its `parse` calls malformed is retried with exponential backoff on the next base
+URL; 4xx are not. After `max_retries` retries it comes back as a `Failure`: nothing here raises
+for a request. Rate limits (`Limits`, http_limits.py) hold the whole client: a 429 pauses
+every request until the server's `Retry-After` and is sent again, not as a retry (unless it
+says `insufficient_quota`); budgets pace the sends; under `concurrency="auto"` each URL has
+its own limit and a request goes to the freest.
 
-Rate limits (`Limits`, http_limits.py) hold the whole client: a 429 pauses every request
-until the server's `Retry-After`, then it is sent again, not as a retry (so a 429 never costs
-a record, unless it says `insufficient_quota`); the per-minute budgets pace the sends; under
-`concurrency="auto"` each URL has its own limit and a request goes to the freest.
+A URL that refuses connections (or cannot be reached) is down for a cooldown (2 s, doubling
+while it stays down, at most 60 s) and requests go round-robin over the others; one that could
+not connect reached no server, so it moves to an up URL at once, without a backoff or a retry
+(a failover, once per other URL). After the cooldown one request probes the URL; a success
+brings it back. When every URL is down, requests go round-robin over all and wait out backoffs.
 
-A base URL that refuses connections (or cannot be reached) is marked down for a cooldown (2 s,
-doubling while it stays down, at most 60 s) and requests go round-robin over the others. A
-request that could not connect reached no server, so it moves to a URL that is up at once,
-without a backoff and without using up a retry (a failover; at most once per other URL). When
-a URL's cooldown has passed one request probes it; a success brings it back. When every URL is
-down, requests go round-robin over all of them and wait out their backoffs, as with one URL.
-
-Counts (`stats`, flat names without slashes: the stages report them as `http/<role>/<name>`):
-`requests` (attempts sent), `retries`, `failures` (requests given up), `failovers`, and per
-base URL, by its position in the list: `url<i>_requests`, `url<i>_errors` (attempts that failed
-there), `url<i>_down` (times it was marked down); `Limits` adds `rate_limited` (429s met),
-`concurrency_limit` (the cap; under `auto` the one it settled on) and `url<i>_limit`.
-
-The API key is read once from an environment variable and appears only in the Authorization
-header: never in reprs, errors or logs (`scrub` removes it from any text a server echoes).
+Counts (`stats`; the stages report them as `http/<role>/<name>`): `requests` (attempts sent),
+`retries`, `failures` (requests given up), `failovers`; per base URL, by its position,
+`url<i>_requests`, `url<i>_errors` (failed attempts), `url<i>_down` (times marked down);
+`Limits` adds `rate_limited`, `concurrency_limit` and `url<i>_limit`. The API key is read once
+from an environment variable and appears only in the Authorization header (`scrub` removes it
+from any text a server echoes).
 """
 
 from __future__ import annotations
@@ -96,15 +91,16 @@ def parse_json(status: int, body: bytes, url: str) -> dict | Failure:
     """A 200 reply's JSON object; a body that is not one is malformed (retried)."""
     if status != 200:
         return http_failure(status, body, url)
-    error: Exception | None = None
     try:
         data = json.loads(body)
     except ValueError as exc:
-        data, error = None, exc
-    if isinstance(data, dict):
-        return data
+        return malformed(url, body, type(exc).__name__)
+    return data if isinstance(data, dict) else malformed(url, body, "not a JSON object")
+
+
+def malformed(url: str, body: bytes, kind: str) -> Failure:
+    """A 200 reply whose body is not what was asked for: retried."""
     snippet = body[:BODY_SNIPPET].decode("utf-8", errors="replace")
-    kind = type(error).__name__ if error else "not a JSON object"
     return Failure(f"malformed response from {url} ({kind}): {snippet}", retry=True)
 
 
@@ -121,7 +117,6 @@ class HTTPClient:
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
-        cooldown_s: float = COOLDOWN_S,
         max_concurrency: int = 256,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
@@ -138,13 +133,12 @@ class HTTPClient:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self.cooldown_s = cooldown_s
+        self.cooldown_s = COOLDOWN_S
         self.max_concurrency = max_concurrency
-        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "failures": 0,
-                                      "failovers": 0}
+        self.stats = dict.fromkeys(["requests", "retries", "failures", "failovers"], 0)
         for i in range(len(self.base_urls)):
-            self.stats.update({f"url{i}_requests": 0, f"url{i}_errors": 0, f"url{i}_down": 0})
-        self._keys = [(f"url{i}_requests", f"url{i}_errors") for i in range(len(self.base_urls))]
+            for name in ("requests", "errors", "down"):
+                self.stats[f"url{i}_{name}"] = 0
         # Everything below is touched only on the loop's thread: no locks.
         self._limits = Limits(len(self.base_urls), concurrency, max_concurrency,
                               requests_per_minute, tokens_per_minute, self.stats, self._backoff)
@@ -154,13 +148,12 @@ class HTTPClient:
         self._failed = 0
         self._jitter = random.Random()  # spreads retries only; never touches results
         self._session = None
-        key = os.environ.get(api_key_env) or ""
-        self._secret = key
+        self._secret = os.environ.get(api_key_env) or ""
         self._headers = {"Content-Type": "application/json"}
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
+        if self._secret:
+            self._headers["Authorization"] = f"Bearer {self._secret}"
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=_serve, args=(self._loop,), daemon=True,
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                          name="wim-http-loop")
         self._thread.start()
         self._holder: list = []  # the session, for the finalizer (which must not hold self)
@@ -236,12 +229,10 @@ class HTTPClient:
         self.stats["failures"] += 1
         error = self.scrub(f"{failure.reason} (after {attempt} attempt{'s' * (attempt > 1)})")
         self._failed += 1
-        if self._failed <= _LOGGED_FAILURES:
-            logger.warning("http request failed: %s%s", error,
-                           "; further failures are counted in stats, logged at DEBUG"
-                           if self._failed == _LOGGED_FAILURES else "")
-        else:
-            logger.debug("http request failed: %s", error)
+        logger.log(logging.WARNING if self._failed <= _LOGGED_FAILURES else logging.DEBUG,
+                   "http request failed: %s%s", error,
+                   "; further failures are counted in stats, logged at DEBUG"
+                   if self._failed == _LOGGED_FAILURES else "")
         return Failure(error)
 
     async def _attempt(self, path: str, payload: dict | Callable[[], dict | None],
@@ -272,9 +263,8 @@ class HTTPClient:
                     cost: int | None = None) -> Any:
         import aiohttp
 
-        requests_key, errors_key = self._keys[index]
         self.stats["requests"] += 1
-        self.stats[requests_key] += 1
+        self.stats[f"url{index}_requests"] += 1
         epoch = self._limits.epoch(index)
         start = time.monotonic()
         try:
@@ -300,7 +290,7 @@ class HTTPClient:
         except Exception as exc:  # a bug in parse, say: one failed request, not a crash
             outcome = Failure(f"{type(exc).__name__} from {url}: {exc}")
         if isinstance(outcome, Failure):
-            self.stats[errors_key] += 1
+            self.stats[f"url{index}_errors"] += 1
         elif self._down_until[index] is not None:
             self._down_until[index], self._down_streak[index] = None, 0
             logger.warning("%s answers again", self.base_urls[index])
@@ -373,11 +363,6 @@ class HTTPClient:
         if self._secret:
             text = text.replace(self._secret, "***")
         return text
-
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    loop.run_forever()
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, holder: list) -> None:

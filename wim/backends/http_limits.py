@@ -1,17 +1,8 @@
-"""How fast the HTTP driver (http_client.py) may send: the in-flight gate, the per-minute
-budgets, the server's rate-limit headers and the `concurrency: auto` controller.
-
-Everything here runs on the driver's event loop thread only: no locks.
-
-- `Slots`: a first-come-first-served gate of in-flight requests whose limit may change (an
-  asyncio.Semaphore cannot shrink).
-- `Budget`: `requests_per_minute` / `tokens_per_minute` as an even pace (a generic cell rate
-  algorithm: each request pushes the next free time on by cost / rate), not a bucket that
-  fills for a minute, so no burst breaks a server that enforces its limit over seconds.
-- `server_wait`: what a reply's `Retry-After` and `x-ratelimit-*` headers ask to wait.
-- `AutoLimit`: the in-flight limit of one URL under `concurrency: auto`, a latency gradient
-  (TCP Vegas style) with slow start and a halving on 429 / 503 (docs/design.md says why).
-- `Limits`: all of the above for one client, as the client's `_attempt` uses them.
+"""How fast the HTTP driver (http_client.py) may send: the in-flight gate (`Slots`), the
+per-minute budgets (`Budget`), the server's rate-limit headers (`server_wait`) and the
+`concurrency: auto` controller (`AutoLimit`), together in `Limits` (docs/design.md, "Backends",
+says why each is built as it is). Everything here runs on the driver's event loop thread only:
+no locks.
 """
 
 from __future__ import annotations
@@ -33,9 +24,7 @@ def estimated_tokens(payload: dict) -> int:
     """What a request counts against a token budget before its reply: the prompt's characters
     / 4 plus every completion token it may produce (`max_tokens` x `n`), as OpenAI's limiter
     counts it; the reply's `usage` corrects it afterwards."""
-    chars = 0
-    for key in ("messages", "prompt", "input"):
-        chars += _text_chars(payload.get(key))
+    chars = sum(_text_chars(payload.get(key)) for key in ("messages", "prompt", "input"))
     most = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
     n = payload.get("n") or 1
     return max(1, chars // CHARS_PER_TOKEN + int(most) * int(n))
@@ -52,40 +41,32 @@ def _text_chars(value) -> int:
 
 
 class Slots:
-    """At most `limit` holders at once; waiters are served first come, first served. Setting
-    `limit` lower lets the holders finish; higher wakes waiters at once."""
+    """At most `limit` holders at once; waiters are served first come, first served (an
+    asyncio.Semaphore cannot shrink)."""
 
     def __init__(self, limit: int) -> None:
-        self._limit = limit
+        self.limit = limit
         self.busy = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        self.waiters: deque[asyncio.Future] = deque()  # requests waiting: demand above limit
 
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @limit.setter
-    def limit(self, value: int) -> None:
-        self._limit = value
+    def resize(self, limit: int) -> None:
+        """Lower lets the holders finish; higher wakes waiters at once."""
+        self.limit = limit
         self._wake()
 
-    def queued(self) -> bool:
-        """Requests wait for a slot: demand is above the limit."""
-        return bool(self._waiters)
-
     async def acquire(self) -> None:
-        if self.busy < self._limit and not self._waiters:
+        if self.busy < self.limit and not self.waiters:
             self.busy += 1
             return
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        self.waiters.append(future)
         try:
             await future  # the releaser counted us in `busy`
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # granted as we were cancelled: pass it on
             else:
-                self._waiters.remove(future)
+                self.waiters.remove(future)
             raise
 
     def release(self) -> None:
@@ -93,15 +74,17 @@ class Slots:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.busy < self._limit:
-            future = self._waiters.popleft()
+        while self.waiters and self.busy < self.limit:
+            future = self.waiters.popleft()
             if not future.done():
                 self.busy += 1
                 future.set_result(None)
 
 
 class Budget:
-    """`per_minute` units (requests or tokens) as an even pace over all the section's URLs."""
+    """`per_minute` units (requests or tokens) as an even pace over all the section's URLs (a
+    generic cell rate: each send moves the next free time on by cost / rate), not a bucket that
+    fills for a minute, so no burst breaks a server that enforces its limit over seconds."""
 
     def __init__(self, per_minute: float) -> None:
         self.rate = per_minute / 60.0
@@ -175,19 +158,16 @@ def server_wait(headers, refused: bool) -> float | None:
 
 
 class AutoLimit:
-    """The in-flight limit of one URL, found from the replies (a latency gradient).
+    """The in-flight limit of one URL, found from the replies (a latency gradient, as in TCP
+    Vegas; docs/design.md, "Backends", has the whole rule and why).
 
-    Each round collects the latencies of `max(limit, 8)` replies sent under the current limit
-    (twice that after slow start; the round after a decrease is not judged: its requests
-    wait behind the old queue; every 8th round the limit drops to 3/4 for a round, to read the
-    unloaded latency again, as BBR's ProbeRTT does);
-    its median over the lowest round median seen (the unloaded latency) is the gradient g,
-    as in TCP Vegas: limit / g estimates how many the server serves without queueing. Slow
-    start doubles the limit each round while g stays under 1.05 and requests wait for slots;
-    after that a round with g < 1.05 adds 10%, g > 1.2 sets limit / g (about what the server
-    serves at once), and between them the limit holds, a queue of up to 20% that keeps the
-    server from idling between replies. A 429 or 503 halves it (once a round). Never below 1
-    nor above `most`.
+    A round is `max(limit, 8)` replies sent under the current limit (twice that after slow
+    start); its mean latency over the lowest round mean seen is the gradient g. Slow start
+    doubles the limit while g < 1.05 and requests wait for slots; then g < 1.05 adds 10%,
+    g > 1.2 sets limit / g (about what the server serves at once), and between them it holds (a
+    queue of up to 20% keeps the server from idling between replies). A 429 or 503 halves it
+    (once a round). The round after a decrease is not judged; every 8th round runs at 3/4 of the
+    limit to read the unloaded latency again (BBR's ProbeRTT). Never below 1 nor above `most`.
     """
 
     START = 4
@@ -206,15 +186,12 @@ class AutoLimit:
         self._draining = False  # after a decrease: this round still waits behind the old queue
         self._rounds = 0  # judged rounds since slow start ended, for the probes
         self._probing: int | None = None  # the limit to go back to after a probe round
-        self._demand = False  # requests waited for a slot during this round
+        self.demand = False  # requests waited for a slot during this round
 
     @property
     def settled(self) -> int:
         """The limit it works at (not the lower one of a probe round)."""
         return self._probing or self.limit
-
-    def saw_demand(self) -> None:
-        self._demand = True
 
     def on_reply(self, epoch: int, latency_s: float) -> bool:
         """A reply sent in `epoch` took `latency_s`; True when the limit changed."""
@@ -228,8 +205,10 @@ class AutoLimit:
         if self._draining:  # sent after a decrease, but queued behind what was sent before
             self._draining = False
             return self._set(self.limit)
+        # The mean, not a quantile: by Little's law it is limit / throughput, so it rises with
+        # any queue, while a quantile misses a queue that only some requests wait in.
+        mean = sum(self._samples) / len(self._samples)
         if self._probing is not None:  # a round at 3/4 of the limit: the floor, then back
-            mean = sum(self._samples) / len(self._samples)
             self._floor = min(self._floor, mean)
             back, self._probing = self._probing, None
             return self._set(back)
@@ -239,16 +218,13 @@ class AutoLimit:
             # start that jumped past the server's size): measure it again with less in flight.
             self._probing = self.limit
             return self._set(self.limit * 3 // 4)
-        # The mean, not a quantile: by Little's law it is limit / throughput, so it rises with
-        # any queue, while a quantile misses a queue that only some requests wait in.
-        mean = sum(self._samples) / len(self._samples)
         self._floor = mean if self._floor is None else min(self._floor, mean)
         gradient = mean / self._floor if self._floor > 0 else 1.0
         limit = self.limit
         if gradient > self.SHRINK_ABOVE:
             limit = int(limit / gradient + 0.5)
             self._slow_start = False
-        elif gradient < self.GROW_BELOW and self._demand:
+        elif gradient < self.GROW_BELOW and self.demand:
             limit = limit * 2 if self._slow_start else limit + max(1, round(0.1 * limit))
         return self._set(limit)
 
@@ -264,7 +240,7 @@ class AutoLimit:
         changed = limit != self.limit
         self._draining = limit < self.limit
         self.limit = limit
-        self._samples, self._demand = [], False
+        self._samples, self.demand = [], False
         self.epoch += 1
         return changed
 
@@ -297,16 +273,12 @@ class Limits:
         self._waiting = 0  # slots held by requests that wait for a budget or a pause
         self._set_cap()
 
-    def _demand(self) -> bool:
-        """Requests wait for a slot, and not because the budgets hold the slots: a larger
-        limit would put more in flight."""
-        return self.slots.busy >= self.slots.limit and not self._waiting
-
     async def acquire(self) -> None:
         """A slot under the cap (first come, first served)."""
-        if self.auto and self._demand():
-            for auto in self.auto:  # demand is above the cap: worth growing it
-                auto.saw_demand()
+        # Full slots that the budgets do not hold: a larger limit would put more in flight.
+        if self.auto and self.slots.busy >= self.slots.limit and not self._waiting:
+            for auto in self.auto:
+                auto.demand = True
         await self.slots.acquire()
 
     def room(self, index: int) -> int:
@@ -360,8 +332,8 @@ class Limits:
         if refused or status == 503:
             changed = auto.on_refusal(epoch)
         elif status == 200:
-            if self.slots.queued() and not self._waiting:
-                auto.saw_demand()
+            if self.slots.waiters and not self._waiting:
+                auto.demand = True
             changed = auto.on_reply(epoch, latency_s)
         else:
             changed = False
@@ -373,7 +345,7 @@ class Limits:
         if not self.auto:
             self.stats["concurrency_limit"] = self.slots.limit
             return
-        self.slots.limit = min(self.max_concurrency, sum(a.limit for a in self.auto))
+        self.slots.resize(min(self.max_concurrency, sum(a.limit for a in self.auto)))
         for i, auto in enumerate(self.auto):
             self.stats[f"url{i}_limit"] = auto.settled
         self.stats["concurrency_limit"] = min(self.max_concurrency,

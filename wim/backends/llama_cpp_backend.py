@@ -14,14 +14,10 @@ import os
 from pathlib import Path
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
+from wim.backends.prefix_cache import shared_prefix_length
 from wim.models import BUNDLED_POLICY, ModelNotFoundError, bundled_gguf_path
 
 logger = logging.getLogger(__name__)
-
-_INSTALL_HINT = (
-    "the llama_cpp backend needs llama-cpp-python, which is not installed. "
-    "Install it with: pip install 'wim[llama]' (or: pip install llama-cpp-python)"
-)
 
 
 def _import_llama_cpp():
@@ -29,7 +25,10 @@ def _import_llama_cpp():
         import llama_cpp
         import llama_cpp.llama_chat_format
     except ImportError as exc:
-        raise ImportError(_INSTALL_HINT) from exc
+        raise ImportError(
+            "the llama_cpp backend needs llama-cpp-python, which is not installed. "
+            "Install it with: pip install 'wim[llama]' (or: pip install llama-cpp-python)"
+        ) from exc
     return llama_cpp
 
 
@@ -125,7 +124,7 @@ class LlamaCppBackend(Backend):
                                                     special=True))
             except Exception as exc:  # e.g. the template refuses the roles: fail this one only
                 rendered.append(f"llama.cpp: cannot render the prompt: {exc}")
-        split = _shared_prefix([r for r in rendered if not isinstance(r, str)])
+        split = shared_prefix_length([r for r in rendered if not isinstance(r, str)])
         self._prefix = None  # per call: the weights or the template may differ next time
         results = []
         for i, tokens in enumerate(rendered):
@@ -196,16 +195,6 @@ class LlamaCppBackend(Backend):
         close = getattr(self.llama, "close", None)
         if close is not None:
             close()
-
-
-def _shared_prefix(token_lists: list[list[int]]) -> int:
-    """Tokens every prompt of the call starts with (0 when too few to be worth a piece)."""
-    from wim.backends.prefix_cache import MIN_PREFIX_TOKENS, common_prefix_length
-
-    if len(token_lists) < 2:
-        return 0
-    length = common_prefix_length(token_lists)
-    return length if length >= MIN_PREFIX_TOKENS else 0
 
 
 def _failed(n: int, prompt_tokens: int, error: str) -> list[Completion]:

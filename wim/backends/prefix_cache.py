@@ -1,24 +1,18 @@
 """Shared-prefix KV reuse for the transformers backend.
 
 Every judge prompt starts with the same tokens (the chat template and the judge's instructions,
-about 200 tokens), so reading that prefix again for each batch repeats the same work. Here the
-prefix is run once per `generate` call and its key/value cache is written into every batch's
-`StaticCache`; transformers' `generate` then decodes the batch from it.
-
-Layout of a batch with a shared prefix of P tokens (the rest, the suffix, left-padded):
+about 200 tokens). The prefix is run once per `generate` call and its key/value cache written
+into every batch's `StaticCache`, from which transformers' `generate` decodes the batch:
 
     [prefix: P tokens][pad ... pad][suffix tokens of this row]
     mask: 1 ... 1      0 ... 0      1 ... 1
 
-The position ids follow from the mask (its cumulative sum, as in transformers' `generate`), so
-a row's suffix sits at positions P, P+1, ... as in the unpadded prompt, and the padding in the
-middle is masked out of attention. The model then computes the same function as for the
-left-padded full prompt; greedy outputs are the same up to float rounding
-(tests/wim/test_prefix_cache.py and tests/benchmarks/bench_judge.py check that they are
-identical on real judge prompts).
-
-The cache lives for one `generate` call only: the weights may change between calls (a changing
-judge is the policy being trained), and the prefix is cheap to recompute once per call.
+The position ids follow from the mask (its cumulative sum, as in `generate`), so a row's suffix
+sits at positions P, P+1, ... as in the unpadded prompt; greedy outputs equal those of the
+left-padded full prompt up to float rounding (identical on real judge prompts:
+tests/wim/test_prefix_cache.py, tests/benchmarks/bench_judge.py). The cache lives for one call
+only, as the weights may change between calls (a changing judge is the policy being trained);
+the prefix is cheap to recompute once per call.
 """
 
 from __future__ import annotations
@@ -38,6 +32,13 @@ def common_prefix_length(token_lists: list[list[int]]) -> int:
     while length < limit and all(ids[length] == first[length] for ids in token_lists):
         length += 1
     return max(length, 0)
+
+
+def shared_prefix_length(token_lists: list[list[int]]) -> int:
+    """The prefix every prompt of a call shares, 0 when not worth reusing (fewer than two
+    prompts, or fewer than MIN_PREFIX_TOKENS shared)."""
+    length = common_prefix_length(token_lists) if len(token_lists) >= 2 else 0
+    return length if length >= MIN_PREFIX_TOKENS else 0
 
 
 class PrefixCache:

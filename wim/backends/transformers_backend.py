@@ -13,6 +13,7 @@ import contextlib
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams
 from wim.backends.decode_attention import decoding_attention
+from wim.backends.prefix_cache import PrefixCache, shared_prefix_length
 from wim.models import load_causal_lm
 
 
@@ -47,13 +48,11 @@ class TransformersBackend(Backend):
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
-        """The same weights with any LoRA adapter disabled: the frozen reference, no copy.
-
-        Works for a peft `PeftModel` and for an adapter attached with transformers' PEFT
-        integration (`load_adapter`), see `adapters_off`; LoRA layers that cannot be switched
-        off are refused rather than silently judged with the adapter on.
-        """
-        if not _can_switch_adapters(self.model) and _has_lora_layers(self.model):
+        """The same weights with any LoRA adapter disabled (`adapters_off`): the frozen
+        reference, no copy. LoRA layers that cannot be switched off are refused rather than
+        silently judged with the adapter on."""
+        peft = callable(getattr(self.model, "disable_adapter", None))
+        if not (peft or _tuner_layers(self.model)) and _has_lora_layers(self.model):
             raise RuntimeError(
                 "the policy carries LoRA layers that are not peft adapter layers, so they "
                 "cannot be switched off; a fixed judge would judge with them on"
@@ -113,12 +112,7 @@ class TransformersBackend(Backend):
     def _prefix_cache(self, token_ids: list[list[int]], n: int):
         """The KV cache of the prefix all prompts share, or None (reuse off, several samples
         per prompt, or a prefix too short to pay for itself)."""
-        from wim.backends.prefix_cache import MIN_PREFIX_TOKENS, PrefixCache, common_prefix_length
-
-        if not self.reuse_prefix or n != 1 or len(token_ids) < 2:
-            return None
-        length = common_prefix_length(token_ids)
-        if length < MIN_PREFIX_TOKENS:
+        if not (self.reuse_prefix and n == 1 and (length := shared_prefix_length(token_ids))):
             return None
         return PrefixCache(self.model, token_ids[0][:length], self._adapter_context)
 
@@ -186,19 +180,14 @@ class TransformersBackend(Backend):
             processors, criteria = [guide], [guide.stopper()]
         with torch.inference_mode(), self._adapter_context(), decoding_attention(self.model):
             new = self._generate(inputs, params, n, processors, criteria)
-        results = []
-        for row in range(rows):
-            prompt_tokens = int(attention_mask[row].sum())
-            completions = []
-            for j in range(n):
-                ids = new[row * n + j]
-                count = _count_generated(ids, self.end_ids(), self.tokenizer.pad_token_id)
-                text = self.tokenizer.decode(ids[:count], skip_special_tokens=True)
-                text = _cut_at_stop(text, params.stop)
-                completions.append(Completion(text, prompt_tokens, count,
-                                              top_logprobs=_value_top(guide, row * n + j, count)
-                                              if params.top_logprobs and guide else ()))
-            results.append(completions)
+        end_ids, results = self.end_ids(), [[] for _ in range(rows)]
+        for k, ids in enumerate(new):  # sample k % n of prompt row k // n
+            count = _count_generated(ids, end_ids, self.tokenizer.pad_token_id)
+            text = self.tokenizer.decode(ids[:count], skip_special_tokens=True)
+            text = _cut_at_stop(text, params.stop)
+            top = _value_top(guide, k, count) if params.top_logprobs and guide else ()
+            prompt_tokens = int(attention_mask[k // n].sum())
+            results[k // n].append(Completion(text, prompt_tokens, count, top_logprobs=top))
         return results
 
 
@@ -219,14 +208,11 @@ def length_groups(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def adapters_off(model):
-    """Run the block with every LoRA adapter of `model` disabled, then restore them.
-
-    Two ways a model carries an adapter: a peft `PeftModel` (context `disable_adapter()`), or a
-    transformers model with an adapter attached by its PEFT integration (`load_adapter`). The
-    latter's `disable_adapters()` demands peft >= 0.22 in transformers 5.24 while the stack pins
-    peft 0.21, so its adapter layers are switched here, one peft tuner layer at a time, as that
-    method does; their trainable flags are restored afterwards.
-    """
+    """Run the block with every LoRA adapter of `model` disabled, then restore them: a peft
+    `PeftModel` by its `disable_adapter()`; an adapter attached by transformers' PEFT integration
+    (`load_adapter`) one peft tuner layer at a time, as its `disable_adapters()` does (which
+    demands peft >= 0.22 in transformers 5.24 while the stack pins peft 0.21), restoring the
+    trainable flags afterwards."""
     if callable(getattr(model, "disable_adapter", None)):
         with model.disable_adapter():
             yield
@@ -252,10 +238,6 @@ def _tuner_layers(model) -> list:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
-
-
-def _can_switch_adapters(model) -> bool:
-    return callable(getattr(model, "disable_adapter", None)) or bool(_tuner_layers(model))
 
 
 def _has_lora_layers(model) -> bool:

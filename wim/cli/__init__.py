@@ -1,16 +1,11 @@
 """The `wim` command: the entry point and the command layer, at the top of the layers
 (wim <- data_gen <- training), so it alone may call every package (docs/design.md, "Layout").
 
-`main` parses the arguments (parser.py), runs the command's function from `COMMANDS` and maps
-errors to exit codes: 2 for the user's to fix (one paragraph), 3 for work that lost records to a
-backend (`StageIncomplete`: the same command finishes it), 130 for Ctrl-C. The commands:
-- here: `wim run` and the single stages (generate, judge, score, pairs, train, report), `wim
-  merge`, `wim export`; each stage is one module (training/run.py lists them);
-- evaluation.py: `wim eval`, `wim compare`, `wim validity`;
-- refinement.py: `wim refine`, `wim refine-2x2`, `wim vrr simulate|calibrate`.
-What every command shares is written once: the lock on the folder it writes (`RunDir.lock()`,
-named after the command line) and the exit codes. Heavy imports happen inside the commands, so
-`wim --help` stays fast.
+`main` parses the arguments (parser.py) and runs the command's function from `COMMANDS`: `wim
+run`, the single stages (each one module, listed in training/run.py), merge and export here;
+evaluation.py and refinement.py the rest. What every command shares is written once: the lock on
+the folder it writes (`RunDir.lock()`, named after the command line) and the exit codes. Heavy
+imports happen inside the commands, so `wim --help` stays fast.
 """
 
 from __future__ import annotations
@@ -18,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from wim.cli import evaluation, refinement
-from wim.cli.parser import build_parser
+from wim.cli.parser import STAGE_COMMANDS, build_parser
 from wim.config import ConfigError, load_config
 from wim.errors import StageIncomplete, WimError
 from wim.rundir import RunDir
@@ -41,44 +37,34 @@ def _set_up_logging(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; its exit code: 2 for the user's to fix (one paragraph), 3 for work that
+    lost records to a backend, 130 for Ctrl-C. Anything else keeps its traceback."""
     args = build_parser().parse_args(argv)
     _set_up_logging(args.verbose)
+    name = f"vrr {args.vrr_command}" if args.command == "vrr" else args.command
     try:
-        return run_command(args)
+        return COMMANDS[name](args)
     except KeyboardInterrupt:
         print("wim: interrupted; finished records are kept, run the same command to resume.",
               file=sys.stderr)
         return 130
-    except WimError as err:  # the user's to fix: one paragraph; anything else keeps its traceback
-        print(f"wim: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a write the file system refused (disk full, permissions, ...)
-        if not _is_storage_error(err):
-            raise
-        from wim.records import storage_error
-
-        print(f"wim: error: {storage_error(err, err.filename or getattr(args, 'out', None))}",
-              file=sys.stderr)
-        return 2
-
-
-def _is_storage_error(err: OSError) -> bool:
-    """A write refused by the file system (disk full, permissions, ...), wherever it came from
-    (our writers wrap theirs; this catches the libraries': datasets, the trainer, plots)."""
-    from wim.records import STORAGE_ERRNOS
-
-    return err.errno in STORAGE_ERRNOS
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Run the parsed command; its exit code (3: incomplete, run the same command again)."""
-    name = f"vrr {args.vrr_command}" if args.command == "vrr" else args.command
-    try:
-        return COMMANDS[name](args)
     except StageIncomplete as err:
         # Exit 3, not 2: nothing is wrong with the input; the same command will finish it.
         print(f"wim: incomplete: {err}", file=sys.stderr)
         return 3
+    except WimError as err:
+        print(f"wim: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        from wim.records import STORAGE_ERRNOS, storage_error
+
+        # A write the file system refused (disk full, permissions, ...), wherever it came from
+        # (our writers wrap theirs; this catches the libraries': datasets, the trainer, plots).
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        print(f"wim: error: {storage_error(err, err.filename or getattr(args, 'out', None))}",
+              file=sys.stderr)
+        return 2
 
 
 def stage_command(args: argparse.Namespace) -> int:
@@ -119,7 +105,7 @@ def stage_command(args: argparse.Namespace) -> int:
         try:
             result = runner(cfg, run, stages, shard=shard, progress=not args.no_progress,
                             resources=resources)
-        except StageIncomplete as err:  # the stats so far, then exit 3 (run_command)
+        except StageIncomplete as err:  # the stats so far, then exit 3 (main)
             run.save_config(cfg, str(shard) if shard else None)
             print(json.dumps({k: v for k, v in err.stats.items() if not isinstance(v, dict)},
                              indent=2))
@@ -160,10 +146,8 @@ def config_and_run_dir(args: argparse.Namespace):
 
 
 def _check_rounds_command(cfg, args, out: Path) -> None:
-    """Runs with several rounds (or online training) are driven by `wim run`; a single stage
-    works on one round's folder, DIR/rounds/<r>. Under `accelerate launch` only `wim train`, and
-    only offline: online DPO samples, judges and writes the run's files as it trains, in one
-    process (training/online.py), so under a launcher every rank would write every file."""
+    """Several rounds and online DPO run under `wim run` (a single stage: one round's folder,
+    DIR/rounds/<r>); under `accelerate launch` only an offline `wim train` runs."""
     if _distributed() and cfg.training.mode == "online":
         raise ConfigError("online DPO (training.mode: online) runs in one process, not under "
                           "accelerate launch: it samples, judges and writes the run's files as "
@@ -184,8 +168,6 @@ def _check_rounds_command(cfg, args, out: Path) -> None:
 
 
 def _distributed() -> bool:
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
@@ -199,9 +181,7 @@ def _train_distributed(cfg, out: Path, args) -> int:
     from training.train import train_run
     run = RunDir(out)
     state = process_state()
-    lock = (run.lock() if state.is_main_process
-            else contextlib.nullcontext())
-    with lock:
+    with run.lock() if state.is_main_process else contextlib.nullcontext():
         key = input_fingerprint(cfg, run, "train", None, None)
         metrics = train_run(cfg, run, progress=not args.no_progress and state.is_main_process,
                             resume_key=key)
@@ -222,21 +202,14 @@ def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
         print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
                 "judge/parse_fail_rate", "judge/echoed_rubric", "judge/backend_failed",
-                "train/loss_first",
-                "train/loss_last")
+                "train/loss_first", "train/loss_last")
         print(json.dumps({k: result.get(k) for k in keys}, indent=2))
     else:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": stage_command,
-    "generate": stage_command,
-    "judge": stage_command,
-    "score": stage_command,
-    "pairs": stage_command,
-    "train": stage_command,
-    "report": stage_command,
+    **dict.fromkeys(("run", *STAGE_COMMANDS), stage_command),
     "merge": merge_command,
     "export": export_command,
     "eval": evaluation.eval_command,

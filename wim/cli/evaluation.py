@@ -17,8 +17,7 @@ def eval_command(args) -> int:
     cfg = run.load_config(args.overrides)
     against = [RunDir(Path(d)) for d in args.against]
     with run.lock():
-        report = evaluate_run(cfg, run, against, limit=args.limit,
-                              progress=not args.no_progress)
+        report = evaluate_run(cfg, run, against, limit=args.limit, progress=not args.no_progress)
     return _print_eval(report, run.path / "eval.json")
 
 

@@ -16,6 +16,7 @@ def refine_command(args: argparse.Namespace) -> int:
 
     from wim.config import load_config
     from wim.prompts import load_prompts
+    from wim.records import write_records_atomic
     from wim.refine import runner, summary
     from wim.rundir import RunDir
 
@@ -43,8 +44,6 @@ def refine_command(args: argparse.Namespace) -> int:
         result["loop_evaluator"] = el_name
         result["policy"], result["seed"] = cfg.policy.model, cfg.seed  # for refine-2x2 checks
         pairs = summary.refinement_pairs(cfg, prompts, trajectories, outcomes, scores)
-        from wim.records import write_records_atomic
-
         write_records_atomic(folder / "pairs.jsonl", pairs)
         result["pairs"] = {"count": len(pairs), "rule": cfg.refine.pairs_rule,
                            "policy": cfg.refine.pairs_policy}
@@ -118,11 +117,10 @@ def vrr_calibrate_command(args: argparse.Namespace) -> int:
     if args.votes:
         accepts, m = read_votes(Path(args.votes), args.m)
         cal = calibrate_votes(accepts, m)
+        j = youden_j(cal.rho0, cal.rho1)
         out.update(rho0=cal.rho0, rho1=cal.rho1, prior_valid=cal.prior_valid, m=m,
-                   plans=len(accepts), em_iterations=cal.iterations, em_converged=cal.converged)
-        out["J"] = youden_j(cal.rho0, cal.rho1)
-        out["policy"] = choose_policy(out["J"], args.j_min)
-        out["j_min"] = args.j_min
+                   plans=len(accepts), em_iterations=cal.iterations, em_converged=cal.converged,
+                   J=j, policy=choose_policy(j, args.j_min), j_min=args.j_min)
     if args.repairs:
         before, after = read_repairs(Path(args.repairs))
         try:

@@ -2,14 +2,10 @@
 
 Every field carries its help text. Unknown keys and out-of-range values raise `ConfigError`
 with the file and the dotted key, so a typo never silently falls back to a default.
-`--set section.key=value` overrides any field (the value is parsed as YAML).
-
-`Config` (here) holds one dataclass per YAML section, grouped by the stage that reads them:
-sampling.py (prompts, policy, generation), endpoints.py (http, judge.http), judging.py (judge,
-scoring, pairs, export), dpo.py (lora, dpo, training, wandb), evaluation.py (blind, eval),
-output.py (card, report) and refine.py (refine). checks.py: range and combination checks;
-yaml_dataclasses.py: YAML into dataclasses (a `Literal` field takes only its values). Import
-any of them from `wim.config`.
+`--set section.key=value` overrides any field (the value is parsed as YAML). `Config` (here)
+holds one dataclass per YAML section, each in the module of the stage that reads it (imported
+below); checks.py checks ranges and combinations, yaml_dataclasses.py reads YAML into the
+dataclasses (a `Literal` field takes only its values). Import any of them from `wim.config`.
 """
 
 from __future__ import annotations
@@ -93,8 +89,7 @@ class Config:
 
 
 def judge_http(cfg: Config) -> HTTPConfig:
-    """The endpoint of an external http judge (`judge.http` over `http:`; the model name:
-    `judge.http.model`, else `judge.model`, else `http.model`)."""
+    """The endpoint of an external http judge: `judge.http` over `http:` (see `endpoint`)."""
     return endpoint(cfg.http, cfg.judge.http, cfg.judge.model)
 
 
@@ -104,8 +99,7 @@ def scoring_http(cfg: Config) -> HTTPConfig:
 
 
 def blind_http(cfg: Config) -> HTTPConfig:
-    """The blind evaluator's server of `blind.backend: http` (`blind.http` over `http:`; the
-    model name: `blind.http.model`, else `blind.model`)."""
+    """The blind evaluator's server of `blind.backend: http`: `blind.http` over `http:`."""
     return endpoint(cfg.http, cfg.blind.http, cfg.blind.model)
 
 

@@ -7,9 +7,11 @@ a bad value is reported before any model is loaded.
 
 from __future__ import annotations
 
+import re
+from functools import reduce
 from typing import Any
 
-from wim.config.output import validate_output
+from wim.config.refine import CRITERIA, FLAGS
 from wim.config.sampling import SOURCE_COLUMN_KEYS
 from wim.errors import ConfigError
 
@@ -18,11 +20,20 @@ _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_ne
              "dpo.per_device_train_batch_size", "dpo.max_steps", "dpo.learning_rate",
              "blind.max_new_tokens", "eval.bootstrap_resamples", "eval.compare_holdout",
              "training.rounds", "training.online_max_new_tokens")
+_POSITIVE_OR_NULL = ("generation.max_prompt_tokens", "judge.max_input_tokens",
+                     "http.context_tokens", "http.requests_per_minute", "http.tokens_per_minute",
+                     "prompts.limit", "blind.batch_size", "eval.limit", "eval.max_new_tokens")
+_NOT_NEGATIVE = ("generation.temperature", "judge.max_retries", "prompts.holdout",
+                 "blind.max_retries", "eval.temperature", "pairs.tie_tolerance",
+                 "refine.max_retries", "refine.dynamic.min_progress",
+                 "refine.dynamic.stability_eps")
+_AT_LEAST_ONE = ("refine.max_attempts", "refine.ensemble_n", "refine.dynamic.reject_streak",
+                 "refine.dynamic.window", "refine.dynamic.stability_window")
+_LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 
 
 def _get(cfg, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
+    return reduce(getattr, key.split("."), cfg)
 
 
 def validate(cfg, source: str = "config") -> None:
@@ -33,64 +44,43 @@ def validate(cfg, source: str = "config") -> None:
 
     if not 0.0 <= cfg.scoring.zeta <= 1.0:
         fail("scoring.zeta", "lie in [0, 1]", cfg.scoring.zeta)
-    for z in cfg.scoring.report_zetas:
-        if not 0.0 <= z <= 1.0:
-            fail("scoring.report_zetas", "hold values in [0, 1]", z)
+    for key in ("scoring.report_zetas", "eval.compare_zetas"):
+        for z in _get(cfg, key):
+            if not 0.0 <= z <= 1.0:
+                fail(key, "hold values in [0, 1]", z)
     if cfg.generation.k < 2:
         fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
              cfg.generation.k)
     for key in _POSITIVE:
         if _get(cfg, key) <= 0:
             fail(key, "be positive", _get(cfg, key))
+    for key in _POSITIVE_OR_NULL:
+        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
+            fail(key, "be positive or null", _get(cfg, key))
+    for key in _NOT_NEGATIVE:
+        if _get(cfg, key) < 0:
+            fail(key, "be >= 0", _get(cfg, key))
+    for key in _AT_LEAST_ONE:
+        if _get(cfg, key) < 1:
+            fail(key, "be at least 1", _get(cfg, key))
     if cfg.http.concurrency != "auto" and cfg.http.concurrency <= 0:
         fail("http.concurrency", "be positive or 'auto'", cfg.http.concurrency)
-    for key, cap in (("generation.max_prompt_tokens", cfg.generation.max_prompt_tokens),
-                     ("judge.max_input_tokens", cfg.judge.max_input_tokens),
-                     ("http.context_tokens", cfg.http.context_tokens),
-                     ("http.requests_per_minute", cfg.http.requests_per_minute),
-                     ("http.tokens_per_minute", cfg.http.tokens_per_minute)):
-        if cap is not None and cap <= 0:
-            fail(key, "be positive or null", cap)
     if cfg.dpo.save_steps < 0:
         fail("dpo.save_steps", "be >= 0 (0: no checkpoints)", cfg.dpo.save_steps)
     if cfg.training.online_temperature <= 0:
         fail("training.online_temperature", "be > 0 (two greedy completions are identical)",
              cfg.training.online_temperature)
-    if cfg.generation.temperature < 0:
-        fail("generation.temperature", "be >= 0", cfg.generation.temperature)
     if not 0.0 < cfg.generation.top_p <= 1.0:
         fail("generation.top_p", "lie in (0, 1]", cfg.generation.top_p)
-    if cfg.judge.max_retries < 0:
-        fail("judge.max_retries", "be >= 0", cfg.judge.max_retries)
-    if cfg.prompts.limit is not None and cfg.prompts.limit <= 0:
-        fail("prompts.limit", "be positive or null", cfg.prompts.limit)
+    for name in ("scoring", "blind"):  # a server of their own, or the policy's
+        section = getattr(cfg, name)
+        if section.backend == "http" and not (section.http.base_urls or cfg.http.base_urls):
+            fail(f"{name}.http.base_urls", f"list at least one URL when {name}.backend is "
+                 "'http' (or set http.base_urls)", section.http.base_urls)
     _validate_combinations(cfg, fail)
     _validate_source(cfg, fail)
     _validate_refine(cfg.refine, fail)
-    _validate_eval(cfg, fail)
-    validate_output(cfg, fail)
-
-
-def _validate_eval(cfg, fail) -> None:
-    """The blind evaluator and the held-out evaluation."""
-    if cfg.prompts.holdout < 0:
-        fail("prompts.holdout", "be >= 0", cfg.prompts.holdout)
-    if cfg.blind.max_retries < 0:
-        fail("blind.max_retries", "be >= 0", cfg.blind.max_retries)
-    for key in ("blind.batch_size", "eval.limit", "eval.max_new_tokens"):
-        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
-            fail(key, "be positive or null", _get(cfg, key))
-    if cfg.eval.temperature < 0:
-        fail("eval.temperature", "be >= 0", cfg.eval.temperature)
-    for z in cfg.eval.compare_zetas:
-        if not 0.0 <= z <= 1.0:
-            fail("eval.compare_zetas", "hold values in [0, 1]", z)
-    if cfg.scoring.backend == "http" and not (cfg.scoring.http.base_urls or cfg.http.base_urls):
-        fail("scoring.http.base_urls", "list at least one URL when scoring.backend is 'http' "
-             "(or set http.base_urls)", cfg.scoring.http.base_urls)
-    if cfg.blind.backend == "http" and not (cfg.blind.http.base_urls or cfg.http.base_urls):
-        fail("blind.http.base_urls", "list at least one URL when blind.backend is 'http' (or "
-             "set http.base_urls)", cfg.blind.http.base_urls)
+    _validate_output(cfg, fail)
 
 
 def _validate_combinations(cfg, fail) -> None:
@@ -99,8 +89,6 @@ def _validate_combinations(cfg, fail) -> None:
         fail("judge.prompt", "be 'ours' when judge.mode is 'numeric' (the authors' prompt asks "
              "for a critique; their numeric baseline is scoring.zeta 0 on the WIM pass)",
              cfg.judge.prompt)
-    if cfg.pairs.tie_tolerance < 0:
-        fail("pairs.tie_tolerance", "be >= 0", cfg.pairs.tie_tolerance)
     served = cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm"
     if cfg.policy.adapter and cfg.policy.backend != "transformers" and not served:
         fail("policy.adapter", "be null unless policy.backend is 'transformers', or 'http' "
@@ -170,16 +158,9 @@ def _validate_source(cfg, fail) -> None:
 
 def _validate_refine(r, fail) -> None:
     """The `refine:` section (refine.py)."""
-    from wim.config.refine import CRITERIA, FLAGS
-
-    for key in ("max_attempts", "ensemble_n"):
-        if getattr(r, key) < 1:
-            fail(f"refine.{key}", "be at least 1", getattr(r, key))
     for key in ("gamma", "tau_c"):
         if not 0.0 <= getattr(r, key) <= 1.0:
             fail(f"refine.{key}", "lie in [0, 1] (scores are in [0, 1])", getattr(r, key))
-    if r.max_retries < 0:
-        fail("refine.max_retries", "be >= 0", r.max_retries)
     for flag, table in r.penalties.items():
         if flag not in FLAGS:
             fail("refine.penalties", f"use only the flags {', '.join(FLAGS)}", flag)
@@ -193,13 +174,6 @@ def _validate_refine(r, fail) -> None:
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
                     or not 0 <= amount <= 1:
                 fail(f"refine.penalties.{flag}.{criterion}", "be a number in [0, 1]", amount)
-    d = r.dynamic
-    for key in ("reject_streak", "window", "stability_window"):
-        if getattr(d, key) < 1:
-            fail(f"refine.dynamic.{key}", "be at least 1", getattr(d, key))
-    for key in ("min_progress", "stability_eps"):
-        if getattr(d, key) < 0:
-            fail(f"refine.dynamic.{key}", "be >= 0", getattr(d, key))
     v = r.vrr
     if v.m < 1 or v.k < 0 or v.delta < 0:
         fail("refine.vrr", "have m >= 1, k >= 0 and delta >= 0", (v.m, v.k, v.delta))
@@ -209,3 +183,15 @@ def _validate_refine(r, fail) -> None:
     if v.vote_temperature <= 0:
         fail("refine.vrr.vote_temperature", "be positive (M votes must be sampled)",
              v.vote_temperature)
+
+
+def _validate_output(cfg, fail) -> None:
+    """`report.browser_prompts` and `card.license` (output.py)."""
+    shown = cfg.report.browser_prompts
+    if isinstance(shown, bool) or not isinstance(shown, int) or shown < 1:
+        fail("report.browser_prompts", "be a positive integer (prompts shown in report.html)",
+             shown)
+    license_ = cfg.card.license
+    if license_ is not None and not (isinstance(license_, str) and _LICENSE.fullmatch(license_)):
+        fail("card.license", "be a Hub license id in lower case (e.g. apache-2.0, cc-by-4.0, "
+             "mit, other) or null", license_)

@@ -16,8 +16,6 @@ import yaml
 
 from wim.errors import ConfigError
 
-__all__ = ["apply_overrides", "build_dataclass", "read_yaml"]
-
 
 def build_dataclass(cls: type, data: Any, path: str, source: str):
     if not isinstance(data, dict):
@@ -40,14 +38,12 @@ def build_dataclass(cls: type, data: Any, path: str, source: str):
 def _coerce(hint: Any, value: Any, key: str, source: str):
     if dataclasses.is_dataclass(hint):
         return build_dataclass(hint, value or {}, key, source)
-    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+    union = get_origin(hint) in (Union, types.UnionType)
     if value is None:
-        if optional:
+        if union and type(None) in get_args(hint):
             return None
         raise ConfigError(f"{source}: '{key}' may not be null.")
-    members = [a for a in get_args(hint) if a is not type(None)] if optional else [hint]
-    if len(members) == 1 and get_origin(members[0]) in (Union, types.UnionType):
-        members = list(get_args(members[0]))
+    members = [a for a in get_args(hint) if a is not type(None)] if union else [hint]
     if len(members) > 1:  # e.g. int | Literal["auto"]: the first member that takes the value
         for member in members:
             try:

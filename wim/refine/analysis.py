@@ -88,19 +88,17 @@ def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[
     missing = [k for k in need if k not in cells]
     if missing:
         raise ValueError(f"2x2 cells missing: {', '.join(missing)}")
-    sd, sc, xd, xc = (cells[k] for k in need)
-    n = len(sd)
+    n = len(cells["same_dynamic"])
     if any(len(cells[k]) != n for k in need):
         raise ValueError("the four 2x2 cells must hold one score per question each")
-    zero = [0.0] * n
+    rows = list(zip(*(cells[k] for k in need), strict=True))
     contrasts = {
-        "evaluator (same - cross)": [(a + b - c - d) / 2 for a, b, c, d in zip(sd, sc, xd, xc,
-                                                                                strict=True)],
-        "stopping (dynamic - cap)": [(a - b + c - d) / 2 for a, b, c, d in zip(sd, sc, xd, xc,
-                                                                                strict=True)],
-        "interaction": [(a - b) - (c - d) for a, b, c, d in zip(sd, sc, xd, xc, strict=True)],
+        "evaluator (same - cross)": [(a + b - c - d) / 2 for a, b, c, d in rows],
+        "stopping (dynamic - cap)": [(a - b + c - d) / 2 for a, b, c, d in rows],
+        "interaction": [(a - b) - (c - d) for a, b, c, d in rows],
     }
-    return add_p_holm({name: paired_test(vals, zero, test) for name, vals in contrasts.items()})
+    return add_p_holm({name: paired_test(vals, [0.0] * n, test)
+                       for name, vals in contrasts.items()})
 
 
 # What must be equal in the two arms of the 2x2: anything else would be a confound.
@@ -129,11 +127,9 @@ def interaction_from_summaries(same: dict, cross: dict, test: str = "ttest") -> 
         if a != b:
             raise ValueError(f"the two refine runs differ in the {what} ({a!r} vs {b!r}), a "
                              "confound of the E_L effect; run both arms with the same one")
-    cells, keep = {}, None
-    for arm, summary in (("same", same), ("cross", cross)):
-        blind = summary["per_question"]["blind"]
-        for policy, cell in (("dynamic", "dynamic"), ("hard_cap", "cap")):
-            cells[f"{arm}_{cell}"] = blind[policy]
+    cells = {f"{arm}_{cell}": summary["per_question"]["blind"][policy]
+             for arm, summary in (("same", same), ("cross", cross))
+             for policy, cell in (("dynamic", "dynamic"), ("hard_cap", "cap"))}
     n = len(cells["same_dynamic"])
     keep = [i for i in range(n) if all(cells[k][i] is not None for k in cells)]
     results = interaction_2x2({k: [v[i] for i in keep] for k, v in cells.items()}, test)

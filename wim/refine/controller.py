@@ -70,8 +70,9 @@ def aggregate(scores: dict[str, float]) -> float:
 def decide(retained: Evaluation, candidate: Evaluation, p: ControllerParams) -> Decision:
     """Accept C_t (candidate) over R_{t-1} (retained) or keep R_{t-1}; see the module doc."""
     if candidate.scores is None:
+        r_agg = None if retained.scores is None else aggregate(penalized(retained, p.penalties))
         return Decision(False, "evaluation_failed", "the candidate's evaluation failed to parse; "
-                        "kept the retained answer", None, None, _agg(retained, p))
+                        "kept the retained answer", None, None, r_agg)
     cand = penalized(candidate, p.penalties)
     c_agg = aggregate(cand)
     if retained.scores is None:
@@ -98,7 +99,3 @@ def decide(retained: Evaluation, candidate: Evaluation, p: ControllerParams) -> 
                                 f"{criterion} dropped by {drop:.4f} > tau_c {p.tau_c}", gain,
                                 c_agg, r_agg)
     return Decision(True, "accepted", f"gain {gain:.4f} >= gamma {p.gamma}", gain, c_agg, r_agg)
-
-
-def _agg(ev: Evaluation, p: ControllerParams) -> float | None:
-    return None if ev.scores is None else aggregate(penalized(ev, p.penalties))

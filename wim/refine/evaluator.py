@@ -74,28 +74,25 @@ def parse_criterion(text: str) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
+_ACCEPT = ("accept", "accepted", "accepts", "keep", "yes")
+_REJECT = ("reject", "rejected", "rejects", "no")
+_VOTES = (dict.fromkeys(_ACCEPT + ("correct", "true", "right"), True)
+          | dict.fromkeys(_REJECT + ("incorrect", "wrong", "false"), False))
+
+
+def _first_word(text: str) -> str:
+    words = re.sub(r"[^a-z]", " ", text.lower()).split()
+    return words[0] if words else ""
+
+
 def parse_accept_reject(text: str) -> str | None:
-    word = re.sub(r"[^a-z]", " ", text.lower()).split()
-    if not word:
-        return None
-    if word[0] in ("accept", "accepted", "accepts", "keep", "yes"):
-        return "accept"
-    if word[0] in ("reject", "rejected", "rejects", "no"):
-        return "reject"
-    return None
+    word = _first_word(text)
+    return "accept" if word in _ACCEPT else "reject" if word in _REJECT else None
 
 
 def parse_vote(text: str) -> bool | None:
     """yes/accept/correct/true -> True, no/reject/incorrect/wrong/false -> False, else None."""
-    verdict = parse_accept_reject(text)
-    if verdict is not None:
-        return verdict == "accept"
-    word = re.sub(r"[^a-z]", " ", text.lower()).split()
-    if word and word[0] in ("correct", "true", "right"):
-        return True
-    if word and word[0] in ("incorrect", "wrong", "false"):
-        return False
-    return None
+    return _VOTES.get(_first_word(text))
 
 
 def raise_flags(answer: str, critique: str | None) -> tuple[str, ...]:
@@ -109,6 +106,14 @@ def raise_flags(answer: str, critique: str | None) -> tuple[str, ...]:
         if critique and rule.search(critique):
             flags.append(flag)
     return tuple(flags)
+
+
+def _with_example(system: str, example_reply: str, content: str) -> list[dict[str, str]]:
+    """The conversation: instructions, the worked example and its reply, the real exchange."""
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": format_question_answer(EXAMPLE_QUESTION, EXAMPLE_ANSWER)},
+            {"role": "assistant", "content": example_reply},
+            {"role": "user", "content": content}]
 
 
 @dataclass
@@ -145,18 +150,15 @@ class LoopEvaluator:
             raws = [r[2] for r in runs[i]]
             tokens = j.prompt_tokens + j.completion_tokens + sum(r[3] for r in runs[i])
             attempts = sum(r[4] for r in runs[i])
-            critique = j.critique
-            flags = raise_flags(answer, critique)
-            if not parsed:
-                ev = Evaluation(None, None, flags)
-                out.append(LoopEvaluation(ev, critique, j.rating, raws, runs[i][-1][1],
-                                          attempts, tokens))
-                continue
-            scores = {c: sum(r[0][c] for r in parsed) / len(parsed) for c in CRITERIA}
-            accepts = sum(r[0]["verdict"] == "accept" for r in parsed)
-            verdict = "accept" if accepts * 2 > len(parsed) else "reject"
-            ev = Evaluation(scores, verdict, flags)
-            out.append(LoopEvaluation(ev, critique, j.rating, raws, None, attempts, tokens))
+            scores = verdict = failure = None
+            if parsed:
+                scores = {c: sum(r[0][c] for r in parsed) / len(parsed) for c in CRITERIA}
+                accepts = sum(r[0]["verdict"] == "accept" for r in parsed)
+                verdict = "accept" if accepts * 2 > len(parsed) else "reject"
+            else:
+                failure = runs[i][-1][1]
+            ev = Evaluation(scores, verdict, raise_flags(answer, j.critique))
+            out.append(LoopEvaluation(ev, j.critique, j.rating, raws, failure, attempts, tokens))
         return out
 
     def _score(self, questions, answers, judgements, seed: int, greedy_first: bool):
@@ -168,24 +170,18 @@ class LoopEvaluator:
             temperature = 0.0 if attempt == 0 and greedy_first else self.retry_temperature
             asked = self._ask([self._messages(questions[i], answers[i], judgements[i].critique)
                                for i in todo], temperature, seed + 7919 * attempt)
-            again = []
             for i, (raw, values, failure, tokens) in zip(todo, asked, strict=True):
                 spent[i] += tokens
                 results[i] = (values, failure, raw, spent[i], attempt + 1)
-                if values is None:
-                    again.append(i)
-            todo = again
+            todo = [i for i in todo if results[i][0] is None]
             if not todo:
                 break
         return results
 
     def _messages(self, question: str, answer: str, critique: str | None):
         note = f"\n\nA reviewer noted what is missing: {critique}" if critique else ""
-        return [{"role": "system", "content": self.instructions},
-                {"role": "user", "content": format_question_answer(EXAMPLE_QUESTION,
-                                                                   EXAMPLE_ANSWER)},
-                {"role": "assistant", "content": EXAMPLE_SCORES},
-                {"role": "user", "content": format_question_answer(question, answer) + note}]
+        return _with_example(self.instructions, EXAMPLE_SCORES,
+                             format_question_answer(question, answer) + note)
 
     def _ask(self, convs, temperature: float, seed: int):
         """Criteria one label at a time (prefilled), then the verdict."""
@@ -219,11 +215,8 @@ class LoopEvaluator:
     def votes(self, questions: list[str], answers: list[str], m: int, temperature: float,
               seed: int = 0) -> list[tuple[int | None, int, int]]:
         """Per answer: (accepts of m votes or None, tokens, unparsed votes re-asked)."""
-        convs = [[{"role": "system", "content": VOTE_INSTRUCTIONS},
-                  {"role": "user", "content": format_question_answer(EXAMPLE_QUESTION,
-                                                                     EXAMPLE_ANSWER)},
-                  {"role": "assistant", "content": f"{VOTE_PREFILL} yes"},
-                  {"role": "user", "content": format_question_answer(q, a)}]
+        convs = [_with_example(VOTE_INSTRUCTIONS, f"{VOTE_PREFILL} yes",
+                               format_question_answer(q, a))
                  for q, a in zip(questions, answers, strict=True)]
         got: list[list[bool]] = [[] for _ in convs]
         tokens, redone = [0] * len(convs), [0] * len(convs)

@@ -11,6 +11,7 @@ wim/refine/summary.py. The run is not resumable: a killed run starts again from 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -80,13 +81,11 @@ def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
     retained: list[int] = [0] * len(prompts)
     bar = tqdm(total=r.max_attempts + 1, desc="refine attempts", disable=not progress)
     for t in range(r.max_attempts + 1):
-        if t == 0:
-            asks = convs
-        else:
-            asks = [c + [{"role": "assistant", "content": records[i][retained[i]]["answer"]},
-                         {"role": "user", "content": feedback_message(
-                             records[i][retained[i]]["_eval"])}]
-                    for i, c in enumerate(convs)]
+        held = [recs[k] for recs, k in zip(records, retained, strict=True)] if t else []
+        asks = convs if t == 0 else [
+            c + [{"role": "assistant", "content": h["answer"]},
+                 {"role": "user", "content": feedback_message(h["_eval"])}]
+            for c, h in zip(convs, held, strict=True)]
         outs = [o[0] for o in policy.generate(asks, gen, seed=cfg.seed * 1000 + t)]
         answers = [o.text.strip() if o.ok else "" for o in outs]
         evals = evaluator.evaluate(questions, answers, seed=cfg.seed * 1000 + t)
@@ -96,13 +95,10 @@ def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
         for i, (o, ev, vote) in enumerate(zip(outs, evals, votes, strict=True)):
             rec = _record(prompts[i].id, t, answers[i], o, ev, vote, params)
             if t > 0:
-                held = records[i][retained[i]]["_eval"].evaluation
-                d = decide(held, ev.evaluation, params)
+                d = decide(held[i]["_eval"].evaluation, ev.evaluation, params)
                 if d.accept:
                     retained[i] = t
-                rec["decision"] = {"accept": d.accept, "rule": d.rule, "reason": d.reason,
-                                   "gain": d.gain, "candidate_aggregate": d.candidate_aggregate,
-                                   "retained_aggregate": d.retained_aggregate}
+                rec["decision"] = dataclasses.asdict(d)
             rec["retained_attempt"] = retained[i]
             records[i].append(rec)
         logger.info("attempt %d of %d done: %d of %d candidates retained so far", t,

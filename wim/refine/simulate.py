@@ -93,10 +93,8 @@ def _record(rounds, valid, accepts, m: int) -> None:
 
 def run_fixed(spec: SimSpec, world: _World, valid: np.ndarray, repairs_cap: int):
     rounds = {"validity": [], "acceptance": []}
-    s = world.votes(valid)
-    _record(rounds, valid, s, spec.vrr.m)
-    for _ in range(repairs_cap):
-        valid = world.repair(valid)
+    for r in range(repairs_cap + 1):
+        valid = world.repair(valid) if r else valid
         s = world.votes(valid)
         _record(rounds, valid, s, spec.vrr.m)
     return valid, s, np.full(valid.shape, repairs_cap), rounds
@@ -149,8 +147,7 @@ def simulate(spec: SimSpec) -> dict:
         world = _World(spec, rngs[name])
         start = world.start(spec.trials)
         if name == "none":
-            result = run_fixed(spec, world, start, 0)
-            v, s, rep, rounds = result
+            v, s, rep, rounds = run_fixed(spec, world, start, 0)
             rounds = {key: vals * (spec.vrr.k + 1) for key, vals in rounds.items()}
         elif name == "fixed":
             v, s, rep, rounds = run_fixed(spec, world, start, spec.vrr.k)

@@ -91,10 +91,8 @@ def dynamic(steps: list[Step], initial_aggregate: float | None, cap: int,
 
 def vrr_stop(steps: list[Step], initial_accepts: int, prior: float, p: VRRParams) -> Outcome:
     """Votes of round r are those on the answer retained after r attempts."""
-    votes = [initial_accepts]
-    for s in steps[: p.k]:
-        accepts = _accepts_of(steps, initial_accepts, s.retained_index)
-        votes.append(accepts)
+    votes = [initial_accepts] + [_accepts_of(steps, initial_accepts, s.retained_index)
+                                 for s in steps[: p.k]]
     trace = stop_trace(votes, prior, p)
     used = len(trace) - 1
     final = steps[used - 1].retained_index if used else 0

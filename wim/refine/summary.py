@@ -10,8 +10,10 @@ answers for the VRR policies.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from wim.refine.analysis import compare_policies
 from wim.refine.stopping import Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
 from wim.refine.vrr import VRRParams, calibrate_votes, choose_policy, youden_j
 from wim.report.evaluation import num
+from wim.report.plots import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +33,8 @@ CAVEAT = ("The bundled 135M model cannot really generate, evaluate or judge: the
 
 
 def steps_of(recs: list[dict[str, Any]]) -> list[Step]:
-    out = []
-    for rec in recs[1:]:
-        d = rec["decision"]
-        kept = rec["retained_attempt"]
-        out.append(Step(d["accept"], recs[kept]["aggregate"], rec["aggregate"], kept,
-                        rec["accepts"]))
-    return out
+    return [Step(rec["decision"]["accept"], recs[rec["retained_attempt"]]["aggregate"],
+                 rec["aggregate"], rec["retained_attempt"], rec["accepts"]) for rec in recs[1:]]
 
 
 def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
@@ -44,16 +42,19 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
     """Outcome of each policy on each question, and the VRR calibration found on the votes."""
     r, v = cfg.refine, cfg.refine.vrr
     vp = VRRParams(v.rho0, v.rho1, v.alpha, v.beta, v.m, v.k, v.tau, v.delta)
-    out: dict[str, list[Outcome]] = {"none": [], "hard_cap": [], "dynamic": []}
     info: dict[str, Any] = {}
     voted = v.enabled and all(rec["accepts"] is not None for t in trajectories for rec in t)
     if v.enabled and not voted:
         failed = sum(rec["accepts"] is None for t in trajectories for rec in t)
         info["vrr_skipped"] = (f"the votes on {failed} answers failed to parse after retries "
                                "(the VRR policies need every answer's M votes)")
-    calibrated = None
+    rules = {"none": lambda steps, recs: Outcome("none", 0, 0, "the initial answer"),
+             "hard_cap": lambda steps, recs: hard_cap(steps, r.max_attempts),
+             "dynamic": lambda steps, recs: dynamic(steps, recs[0]["aggregate"],
+                                                    r.max_attempts, r.dynamic)}
     if voted:
-        out.update(vrr_stop=[], vrr_guard=[])
+        rules["vrr_stop"] = lambda steps, recs: vrr_stop(steps, recs[0]["accepts"], v.prior, vp)
+        rules["vrr_guard"] = lambda steps, recs: vrr_guard(steps, recs[0]["accepts"], vp)
         if v.calibrate:
             cal = calibrate_votes([rec["accepts"] for t in trajectories for rec in t], v.m)
             j = youden_j(cal.rho0, cal.rho1)
@@ -61,21 +62,12 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
                                    "prior_valid": cal.prior_valid, "J": j,
                                    "recommended": choose_policy(j, v.j_min), "j_min": v.j_min,
                                    "em_converged": cal.converged}
-            calibrated = (VRRParams(cal.rho0, cal.rho1, v.alpha, v.beta, v.m, v.k, v.tau,
-                                    v.delta), cal.prior_valid)
-            out["vrr_stop_calibrated"] = []
-    for recs in trajectories:
-        steps = steps_of(recs)
-        out["none"].append(Outcome("none", 0, 0, "the initial answer"))
-        out["hard_cap"].append(hard_cap(steps, r.max_attempts))
-        out["dynamic"].append(dynamic(steps, recs[0]["aggregate"], r.max_attempts, r.dynamic))
-        if voted:
-            out["vrr_stop"].append(vrr_stop(steps, recs[0]["accepts"], v.prior, vp))
-            out["vrr_guard"].append(vrr_guard(steps, recs[0]["accepts"], vp))
-            if calibrated:
-                out["vrr_stop_calibrated"].append(
-                    vrr_stop(steps, recs[0]["accepts"], calibrated[1], calibrated[0]))
-    return out, info
+            calibrated = dataclasses.replace(vp, rho0=cal.rho0, rho1=cal.rho1)
+            rules["vrr_stop_calibrated"] = lambda steps, recs: vrr_stop(
+                steps, recs[0]["accepts"], cal.prior_valid, calibrated)
+    steps = [steps_of(recs) for recs in trajectories]
+    return {name: [rule(st, recs) for st, recs in zip(steps, trajectories, strict=True)]
+            for name, rule in rules.items()}, info
 
 
 def policy_tokens(name: str, recs: list[dict[str, Any]], attempts: int) -> int:
@@ -100,7 +92,6 @@ def blind_scores(blind, prompts, trajectories, outcomes) -> tuple[dict, int]:
 
 def summarize(cfg: Config, prompts, trajectories, outcomes, scores, info) -> dict[str, Any]:
     r = cfg.refine
-    cap_tokens = None
     table = {}
     per_question: dict[str, list[float | None]] = {}
     for name, outs in outcomes.items():
@@ -113,8 +104,7 @@ def summarize(cfg: Config, prompts, trajectories, outcomes, scores, info) -> dic
                        "blind_mean": sum(got) / len(got) if got else None,
                        "blind_scored": len(got), "blind_failed": len(blind) - len(got),
                        "changed_answer": sum(o.final_index != 0 for o in outs)}
-        if name == "hard_cap":
-            cap_tokens = table[name]["tokens_total"]
+    cap_tokens = table.get("hard_cap", {}).get("tokens_total")
     for row in table.values():
         row["tokens_saved_vs_hard_cap"] = (1 - row["tokens_total"] / cap_tokens
                                            if cap_tokens else None)
@@ -131,20 +121,14 @@ def summarize(cfg: Config, prompts, trajectories, outcomes, scores, info) -> dic
                                       for n, outs in outcomes.items()},
                          "reasons": {n: [o.reason for o in outs] for n, outs in outcomes.items()}},
         "counts": {"attempts": len(recs), "accepted": sum(d["accept"] for d in decisions),
-                   "rejections_by_rule": _count(d["rule"] for d in decisions if not d["accept"]),
+                   "rejections_by_rule": dict(sorted(Counter(
+                       d["rule"] for d in decisions if not d["accept"]).items())),
                    "evaluation_failed": sum(rec["scores"] is None for rec in recs),
                    "votes_failed": sum(rec["accepts"] is None for rec in recs)
                    if cfg.refine.vrr.enabled else None,
                    "votes_reasked": sum(rec["votes_reasked"] for rec in recs)},
         **info,
     }
-
-
-def _count(items) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return dict(sorted(out.items()))
 
 
 def refinement_pairs(cfg: Config, prompts, trajectories, outcomes, scores) -> list[dict]:
@@ -212,11 +196,7 @@ def _pct(x: float | None) -> str:
 
 
 def plot(path: Path, summary: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, row in summary["policies"].items():
         if row["blind_mean"] is None:
@@ -228,10 +208,7 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
     ax.set_ylabel("blind outcome score (E_B, 0-1)")
     ax.set_title("Refinement policies: quality vs tokens (shared trajectories)")
     fig.text(0.01, 0.01, "bundled 135M model: mechanical numbers", fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -43,12 +43,10 @@ def youden_j(rho0: float, rho1: float) -> float:
 
 def posterior(prior, accepts, m: int, rho0: float, rho1: float):
     """P(valid | S accepts of m votes) from the prior P(valid)."""
-    s = np.asarray(accepts, dtype=float)
-    like_valid = (1 - rho1) ** s * rho1 ** (m - s)
-    like_invalid = rho0 ** s * (1 - rho0) ** (m - s)
-    num = np.asarray(prior, dtype=float) * like_valid
-    den = num + (1 - np.asarray(prior, dtype=float)) * like_invalid
-    return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.asarray(prior, dtype=float))
+    s, prior = np.asarray(accepts, dtype=float), np.asarray(prior, dtype=float)
+    num = prior * ((1 - rho1) ** s * rho1 ** (m - s))
+    den = num + (1 - prior) * (rho0 ** s * (1 - rho0) ** (m - s))
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), prior)
 
 
 def predict(belief, alpha: float, beta: float):
@@ -82,11 +80,9 @@ def stop_trace(votes: list[int], prior: float, p: VRRParams) -> list[StopStep]:
     for r, s in enumerate(votes):
         b = float(posterior(b_prior, s, p.m, p.rho0, p.rho1))
         g = float(gain(b, p.alpha, p.beta))
-        if r >= p.k:
-            trace.append(StopStep(r, s, b, g, False, f"cap: {p.k} repairs made"))
-            return trace
-        if g <= p.tau:
-            trace.append(StopStep(r, s, b, g, False, f"G={g:.4f} <= tau={p.tau}"))
+        if r >= p.k or g <= p.tau:
+            reason = f"cap: {p.k} repairs made" if r >= p.k else f"G={g:.4f} <= tau={p.tau}"
+            trace.append(StopStep(r, s, b, g, False, reason))
             return trace
         trace.append(StopStep(r, s, b, g, True, f"G={g:.4f} > tau={p.tau}"))
         b_prior = float(predict(b, p.alpha, p.beta))

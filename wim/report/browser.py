@@ -29,12 +29,8 @@ def _side(record: dict[str, Any], label: str, zeta: float) -> dict[str, Any]:
         "label": label,
         "sample_idx": record.get("sample_idx"),
         "response": str(record.get("response") or ""),
-        "critique": record.get("critique"),
-        "rating": record.get("rating"),
-        "similarity": record.get("similarity"),
-        "numeric": values.get("numeric"),
-        "wim": values.get("wim"),
-        "mixed": values.get("mixed"),
+        **{key: record.get(key) for key in ("critique", "rating", "similarity")},
+        **{system: values.get(system) for system in ("numeric", "wim", "mixed")},
         "score": to_ten_point(score) if isinstance(score, (int, float)) else None,
         "parse_ok": bool(record.get("parse_ok", True)),
         "parse_error": record.get("parse_error"),
@@ -42,23 +38,14 @@ def _side(record: dict[str, Any], label: str, zeta: float) -> dict[str, Any]:
     }
 
 
-def _prompt_text(record: dict[str, Any]) -> str:
-    if record.get("prompt"):
-        return str(record["prompt"])
-    messages = record.get("messages") or []
-    return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
-
-
 def browser_entries(run: RunDir, zeta: float, tie_tolerance: float, limit: int | None = None,
                     seed: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """(entries, prompts in the run). At most `limit` prompts (`report.browser_prompts`) get
-    entries: every prompt with a failed judgement first, then a sample of the others drawn
-    with `seed`; shown in prompt order. The records are indexed (offsets) and only the shown
-    prompts' records and pair rows are read. `kind` is `pair` (a row of pairs.jsonl), `tie` (a
-    prompt whose best and worst samples tied: no pair) or `unpaired` (fewer than two judgements
-    parsed). `tie` and `failed` mark ties (also a kept tie, under `pairs.tie_policy`
-    first/random) and prompts with a judgement that failed to parse; `numeric_tie` marks a pair
-    whose ratings alone would have tied (a pair that only the critique could separate)."""
+    """(entries, prompts in the run) of the prompts `_choose` picks, in prompt order; the
+    records are indexed (offsets) and only those prompts' records and pair rows are read.
+    `kind` is `pair` (a row of pairs.jsonl), `tie` (a prompt whose best and worst samples tied:
+    no pair) or `unpaired` (fewer than two judgements parsed). `tie` and `failed` mark ties
+    (also a kept tie, under `pairs.tie_policy` first/random) and prompts with a judgement that
+    failed to parse; `numeric_tie` marks a pair whose ratings alone would have tied."""
     index = RecordIndex(run.scores)
     if not len(index):
         index = RecordIndex(run.judgements)
@@ -82,8 +69,8 @@ def browser_entries(run: RunDir, zeta: float, tie_tolerance: float, limit: int |
 
 
 def _choose(ids: list[str], failed: set[str], limit: int | None, seed: int) -> set[str]:
-    """The prompts the browser shows: all when they fit, else those with a failed judgement
-    first, then a seeded sample of the rest."""
+    """All prompts when they fit in `limit` (`report.browser_prompts`), else those with a
+    failed judgement first, then a sample of the rest drawn with `seed`."""
     if limit is None or len(ids) <= limit:
         return set(ids)
     first = [pid for pid in ids if pid in failed][:limit]
@@ -97,21 +84,20 @@ def _entries(pid: str, samples: dict[int, dict], pairs: list[dict], zeta: float,
     first = samples[min(samples)]
     failed = [r for r in samples.values() if not r.get("parse_ok", True)]
     base = {"prompt_id": pid, "domain": str(first.get("domain") or ""),
-            "prompt": _prompt_text(first), "failed": bool(failed)}
+            "prompt": str(first.get("prompt") or "\n\n".join(
+                f"{m.get('role')}: {m.get('content')}" for m in first.get("messages") or [])),
+            "failed": bool(failed)}
     entries: list[dict[str, Any]] = []
+    labels = ("chosen", "rejected")
     for pair in pairs:
-        chosen = samples.get(int(pair["chosen_sample_idx"]))
-        rejected = samples.get(int(pair["rejected_sample_idx"]))
-        if chosen is None or rejected is None:  # pairs from another scoring: show the row
-            chosen = {**pair, "response": pair["chosen"][0]["content"],
-                      "critique": pair.get("chosen_critique"),
-                      "rating": pair.get("chosen_rating"), "score": pair.get("chosen_score")}
-            rejected = {**pair, "response": pair["rejected"][0]["content"],
-                        "critique": pair.get("rejected_critique"),
-                        "rating": pair.get("rejected_rating"),
-                        "score": pair.get("rejected_score")}
+        found = [samples.get(int(pair[f"{label}_sample_idx"])) for label in labels]
+        if None in found:  # pairs from another scoring: show the row
+            found = [{**pair, "response": pair[label][0]["content"],
+                      **{key: pair.get(f"{label}_{key}") for key in ("critique", "rating",
+                                                                    "score")}}
+                     for label in labels]
         gap = ten_point_gap(pair["chosen_score"], pair["rejected_score"])
-        sides = [_side(chosen, "chosen", zeta), _side(rejected, "rejected", zeta)]
+        sides = [_side(record, label, zeta) for record, label in zip(found, labels, strict=True)]
         numeric = [s["numeric"] for s in sides]
         entries.append({**base, "kind": "pair", "tie": is_tie(gap, tie_tolerance),
                         "numeric_tie": None not in numeric

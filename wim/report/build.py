@@ -1,8 +1,4 @@
-"""One run directory -> report.json (flat metric keys), report.md, report.html, plots/*.png.
-
-Reads only the run directory's files and its config; logging elsewhere (wandb) is the
-caller's business.
-"""
+"""One run directory -> report.json (flat metric keys), report.md, report.html, plots/*.png."""
 
 from __future__ import annotations
 
@@ -46,12 +42,12 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
             stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
             report.update(stats)
     # One streaming pass over each file: counters, never the records.
-    judge, judge_model, served_set = JudgeStatistics(), None, set()
+    judge, judge_model, served = JudgeStatistics(), None, set()
     for number, (_, j) in enumerate(iter_keyed(run.judgements)):
         judge.add(j)
         judge_model = j["judge_model"] if number == 0 else judge_model
         if j.get("judge_served_model"):
-            served_set.add(j["judge_served_model"])
+            served.add(j["judge_served_model"])
     scores = RecordIndex(run.scores)
     if not len(scores):
         run.require("scores.jsonl", "wim score")  # the clear error: nothing to report on
@@ -60,18 +56,14 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
         pairs.add(group)
     report.update(judge.result())
     report.update(pairs.result())
-    report["tokens/generated"] = report.get("tokens/policy/out", 0)
-    report["judge/role"] = cfg.judge.role
-    report["judge/model"] = judge_model
-    served = sorted(served_set)
+    report.update({"tokens/generated": report.get("tokens/policy/out", 0),
+                   "judge/role": cfg.judge.role, "judge/model": judge_model})
     if served:
-        report["judge/served_model"] = ", ".join(served)
-    report["judge/mode"] = cfg.judge.mode
-    report["policy/model"] = cfg.policy.model
-    report["score/embedder"] = cfg.scoring.embedder
-    report["judge/prompt"] = cfg.judge.prompt
-    report["score/on_parse_failure"] = cfg.judge.on_parse_failure
-    report["score/zeta"] = cfg.scoring.zeta
+        report["judge/served_model"] = ", ".join(sorted(served))
+    report.update({"judge/mode": cfg.judge.mode, "policy/model": cfg.policy.model,
+                   "score/embedder": cfg.scoring.embedder, "judge/prompt": cfg.judge.prompt,
+                   "score/on_parse_failure": cfg.judge.on_parse_failure,
+                   "score/zeta": cfg.scoring.zeta})
     agreement = read_agreement(run)
     for system, row in (agreement or {}).get("systems", {}).items():
         for key in ("accuracy", "tie_share", "n", "failures"):

@@ -235,15 +235,14 @@ WEIGHTED_LEGEND = ("Weighted win rate: the mean over prompts of p, the evaluator
                    "the same p, read with the length term at zero.")
 
 
-def evaluation_body(doc: dict[str, Any], after_lead: list[str] = (),
-                    picture: str | None = None) -> list[str]:
-    """Warnings, the picture of the primary comparison's preferences (`picture`, else the
-    doc's `picture`, a path set where it was drawn), the weighted lead (then `after_lead`),
-    the hard-verdict primary comparison, every comparison."""
+def evaluation_body(doc: dict[str, Any], after_lead: list[str] = ()) -> list[str]:
+    """Warnings, the picture of the primary comparison's preferences (the doc's `picture`, a
+    path set where it was drawn), the weighted lead (then `after_lead`), the hard-verdict
+    primary comparison, every comparison."""
     comparisons = doc.get("comparisons", [])
     weighted = weighted_table(comparisons)
-    figure = figure_lines(picture or doc.get("picture"))
-    return [*header_lines(doc), *figure, *weighted_lines(doc), *after_lead,
+    return [*header_lines(doc), *figure_lines(doc.get("picture")), *weighted_lines(doc),
+            *after_lead,
             *(["**Every comparison, weighted (Holm family)**", "", WEIGHTED_LEGEND, "",
                *weighted, ""] if weighted else []),
             "**Hard verdicts** (each order's verdict text alone; orders that disagree are a "

@@ -30,19 +30,12 @@ def _static(name: str) -> str:
 
 def _split_unescaped(text: str, sep: str) -> list[str]:
     """Split on `sep` where it is not backslash-escaped."""
-    parts, current, i = [], [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text):
-            current.append(text[i:i + 2])
-            i += 2
-            continue
-        if text[i] == sep:
-            parts.append("".join(current))
-            current = []
+    parts = [""]
+    for token in re.findall(r"\\.|.", text, re.S):  # an escape pair, or one character
+        if token == sep:
+            parts.append("")
         else:
-            current.append(text[i])
-        i += 1
-    parts.append("".join(current))
+            parts[-1] += token
     return parts
 
 
@@ -73,9 +66,8 @@ def _image(alt: str, src: str, base: Path) -> str:
     if not path.is_file() or base.resolve() not in path.parents or path.suffix != ".png":
         return f"<p class='missing'>(plot {html.escape(src)} not found)</p>"
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    caption = inline(alt)
     return (f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(alt)}'>"
-            f"<figcaption>{caption}</figcaption></figure>")
+            f"<figcaption>{inline(alt)}</figcaption></figure>")
 
 
 def markdown_to_html(markdown: str, base: Path) -> str:
@@ -93,8 +85,7 @@ def markdown_to_html(markdown: str, base: Path) -> str:
         elif first.startswith(">"):
             text = " ".join(line.lstrip(">").strip() for line in lines)
             blocks.append(f"<div class='note warning' role='alert'>{inline(text)}</div>")
-        elif _IMAGE.match(first) and len(lines) == 1:
-            m = _IMAGE.match(first)
+        elif len(lines) == 1 and (m := _IMAGE.match(first)):
             blocks.append(_image(m["alt"], m["src"], base))
         else:
             blocks.append(f"<p>{inline(' '.join(lines))}</p>")
@@ -102,9 +93,9 @@ def markdown_to_html(markdown: str, base: Path) -> str:
 
 
 def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
-                small_judge: bool, total_prompts: int | None = None) -> str:
+                small_judge: bool, total_prompts: int) -> str:
     """The whole page: the report, then the critique browser over `entries` (the entries of
-    some of the run's `total_prompts` prompts; all of them when None)."""
+    some of the run's `total_prompts` prompts)."""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -124,8 +115,7 @@ def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
 """
 
 
-def _browser(entries: list[dict[str, Any]], small_judge: bool,
-             total_prompts: int | None = None) -> str:
+def _browser(entries: list[dict[str, Any]], small_judge: bool, total_prompts: int) -> str:
     """The critique browser: how many prompts it shows, filters, an empty list that report.js
     fills, and its data."""
     warning = ("<div class='note warning banner' role='alert'><strong>Mechanical numbers."
@@ -137,9 +127,8 @@ def _browser(entries: list[dict[str, Any]], small_judge: bool,
                       "</option>" for d in domains)
     counts = {k: sum(e["kind"] == k for e in entries) for k in ("pair", "tie", "unpaired")}
     prompts = len({e["prompt_id"] for e in entries})
-    total = prompts if total_prompts is None else total_prompts
-    showing = (f"Showing {prompts:,} of {total:,} prompts"
-               + ("." if prompts == total else
+    showing = (f"Showing {prompts:,} of {total_prompts:,} prompts"
+               + ("." if prompts == total_prompts else
                   ": every prompt with a failed judgement first, then a seeded sample of the "
                   "others (`report.browser_prompts`). Every record is in scores.jsonl and "
                   "pairs.jsonl."))

@@ -22,7 +22,7 @@ TRAIN_KEYS = {"loss": "loss", "rewards/margins": "reward margin",
               "rewards/accuracies": "reward accuracy"}
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,25 +31,15 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path, dpi: int = 100) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    _pyplot().close(fig)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def score_values(scores: Iterable[dict[str, Any]], zeta: float) -> dict[str, array]:
-    """The 1-10 value (`x * 5 + 5`) of every scored sample under each system (arrays of
-    doubles: 8 bytes a value, read from a stream of records)."""
-    out: dict[str, array] = {"numeric": array("d"), "wim": array("d"), "mixed": array("d")}
-    for record in scores:
-        for system, value in system_values(record, zeta, []).items():
-            out[system].append(value)
-    return {s: v for s, v in out.items() if v}
 
 
 def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
@@ -59,10 +49,15 @@ def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
     Numeric ratings pile up on a few integers (hence ties); WIM similarities spread out.
     Returns {system: {"counts": bar heights, "n": samples}} as drawn.
     """
-    values = score_values(scores, zeta)
+    # The 1-10 values (`x * 5 + 5`) as arrays of doubles: 8 bytes a value, from a stream.
+    values: dict[str, array] = {"numeric": array("d"), "wim": array("d"), "mixed": array("d")}
+    for record in scores:
+        for system, value in system_values(record, zeta, []).items():
+            values[system].append(value)
+    values = {s: v for s, v in values.items() if v}
     if not values:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3.2), squeeze=False,
                              sharey=True)
     drawn: dict[str, Any] = {}
@@ -73,7 +68,7 @@ def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
         ax.set_xlabel("score on the 1-10 scale")
         drawn[system] = {"counts": [int(c) for c in counts], "n": len(vals)}
     axes[0][0].set_ylabel("samples")
-    _save(fig, path)
+    save_figure(fig, path)
     return drawn
 
 
@@ -87,7 +82,7 @@ def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | No
     """
     if not rounds:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     single = len(rounds) == 1
     drawn: dict[str, Any] = {}
@@ -123,7 +118,7 @@ def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | No
     if not any(drawn.values()):
         plt.close(fig)
         return None
-    _save(fig, path)
+    save_figure(fig, path)
     return drawn
 
 
@@ -149,7 +144,7 @@ def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] |
     series = train_history(history)
     if "loss" not in series:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
     drawn: dict[str, Any] = {}
     for n, (ax, (key, (steps, values))) in enumerate(zip(axes[0], series.items(),
@@ -163,7 +158,7 @@ def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] |
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         drawn[key] = [[float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()]]
-    _save(fig, path)
+    save_figure(fig, path)
     return drawn
 
 
@@ -176,7 +171,7 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
     rows = [c for c in comparisons if _finite(c.get("win_rate"))]
     if not rows:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * len(rows)))
     ys = list(range(len(rows)))[::-1]
     drawn: dict[str, Any] = {"names": [str(c.get("name")) for c in rows]}
@@ -204,15 +199,14 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
             if ci:
                 (start, end), = line.lines[2][0].get_segments()
                 lows[-1], highs[-1] = float(start[0]), float(end[0])
-        for name, values in zip(names, (rates, lows, highs), strict=True):
-            drawn[name] = values
+        drawn.update(zip(names, (rates, lows, highs), strict=True))
     ax.axvline(0.5, color="grey", linestyle=":", label="_even")
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{c.get('name', '?')}" for c in rows])
     ax.set_xlim(0, 1)
     ax.set_xlabel("rate of A over B")
     ax.legend(loc="lower right", fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)
     return drawn
 
 
@@ -227,11 +221,12 @@ def plot_preferences(comparison: dict[str, Any], path: Path) -> dict[str, Any] |
                   key=lambda r: r["p"])
     if not rows:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     xs = list(range(len(rows)))
     drawn: dict[str, Any] = {"p": [r["p"] for r in rows], "mean": w.get("preference"),
-                             "ci95": w.get("ci95"), "p_ab": [], "p_ba": []}
+                             "ci95": w.get("ci95"), "p_ab": [r.get("p_ab") for r in rows],
+                             "p_ba": [r.get("p_ba") for r in rows]}
     for x, r in zip(xs, rows, strict=True):
         if _finite(r.get("p_ab")) and _finite(r.get("p_ba")):
             ax.plot([x, x], [r["p_ab"], r["p_ba"]], color="lightgrey", zorder=1)
@@ -239,8 +234,6 @@ def plot_preferences(comparison: dict[str, Any], path: Path) -> dict[str, Any] |
                        label="_a shown first" if x else "a shown first")
             ax.scatter([x], [r["p_ba"]], marker="v", color="tab:orange", s=18, zorder=2,
                        label="_b shown first" if x else "b shown first")
-        drawn["p_ab"].append(r.get("p_ab"))
-        drawn["p_ba"].append(r.get("p_ba"))
     ax.scatter(xs, drawn["p"], color="black", s=14, zorder=3, label="p (both orders)")
     if _finite(w.get("preference")):
         ci = w.get("ci95")
@@ -253,7 +246,7 @@ def plot_preferences(comparison: dict[str, Any], path: Path) -> dict[str, Any] |
     ax.set_xlabel(f"held-out prompts ({len(rows)}), sorted by p")
     ax.set_ylabel(f"P({comparison.get('a')} better than {comparison.get('b')})")
     ax.legend(loc="upper left", fontsize="small", ncol=3)
-    _save(fig, path)
+    save_figure(fig, path)
     return drawn
 
 
@@ -284,16 +277,14 @@ def make_plots(cfg, run, report: dict[str, Any],
     rounds = report.get("rounds") or [{"round": 0, **{k: v for k, v in report.items()
                                                       if k.startswith("pairs/")}}]
     plot_rounds(rounds, folder / "rounds.png")
-    history = training_history(run)
-    if history:
-        plot_training(history, folder / "train.png")
+    plot_training(training_history(run), folder / "train.png")
     if evaluation:
         plot_win_rates(evaluation.get("comparisons", []), folder / "win_rates.png")
         primary = next((c for c in evaluation.get("comparisons", []) if c.get("primary")), {})
         if plot_preferences(primary, folder / "preferences.png"):
             # The evaluation section leads with it (wim/report/evaluation.py).
             evaluation["picture"] = "plots/preferences.png"
-    found = sorted(p.name for p in folder.glob("*.png")) if folder.is_dir() else []
+    found = sorted(p.name for p in folder.glob("*.png"))
     ours = [(f"plots/{n}", c) for n, c in OWN_PLOTS.items() if n in found]
     return ours + [(f"plots/{n}", n) for n in found if n not in OWN_PLOTS]
 
@@ -303,10 +294,8 @@ def training_history(run) -> list[dict[str, Any]]:
     numbered on across rounds, when a multi-round run has them; else DIR/train/log_history.json."""
     import json
 
-    folder = run.file("rounds")
-    files = sorted((p for p in folder.glob("*/train/log_history.json")
-                    if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3])) \
-        if folder.is_dir() else []
+    files = sorted((p for p in run.file("rounds").glob("*/train/log_history.json")
+                    if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3]))
     if not files:
         single = run.file("train") / "log_history.json"
         return json.loads(single.read_text()) if single.is_file() else []

@@ -20,13 +20,6 @@ ROUND_KEYS = ("pairs/count", "pairs/tie_rate/", "pairs/delta/", "pairs/delta_bes
               "train/", "tokens/", "time/")
 
 
-
-def per_round_metrics(r: int, report: dict[str, Any]) -> dict[str, Any]:
-    return {f"round/{r}/{k}": v for k, v in report.items()
-            if k.startswith(ROUND_KEYS) and isinstance(v, (int, float, str))
-            and not isinstance(v, bool)}
-
-
 def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
                         ) -> dict[str, Any]:
     """The run's report.json: the last round's report (flat keys, as a one-round run has them)
@@ -34,11 +27,12 @@ def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
     report = {k: v for k, v in reports[-1].items() if k != "run/skipped_stages"}
     report["training/rounds"] = len(reports)
     for r, rep in enumerate(reports, start=1):
-        report.update(per_round_metrics(r, rep))
+        report.update({f"round/{r}/{k}": v for k, v in rep.items()
+                       if k.startswith(ROUND_KEYS) and isinstance(v, (int, float, str))
+                       and not isinstance(v, bool)})
     from wim.report.build import read_evaluation, write_report_json
 
     clean = write_report_json(run, report)
-
     run.file("report.md").write_text(render_rounds(cfg, clean, len(reports),
                                                    read_evaluation(run)))
     return clean

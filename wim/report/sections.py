@@ -1,7 +1,5 @@
 """Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
-rendered by evaluation.py),
-plus the markdown helpers they share with wim/report/build.py (`fmt_metric`,
-`tie_delta_table`).
+rendered by evaluation.py), plus the markdown helpers they share with wim/report/build.py.
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
 and training: a list of flat metric dicts, one per round, each with an integer `round` and the
@@ -75,8 +73,8 @@ def collect_rounds(cfg: Config, run: RunDir, given: Any = None) -> list[dict[str
         stats = PairStatistics(cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
         for group in scores.groups():
             stats.add(group)
-        entry: dict[str, Any] = {"round": int(sub.name)}
-        entry.update({k: v for k, v in stats.result().items() if k.startswith("pairs/")})
+        entry = {"round": int(sub.name),
+                 **{k: v for k, v in stats.result().items() if k.startswith("pairs/")}}
         if (sub / "pairs.jsonl").is_file():
             entry["pairs/count"] = sum(1 for _ in iter_records(sub / "pairs.jsonl"))
         rounds.append(entry)
@@ -92,9 +90,8 @@ def rounds_lines(value: Any) -> list[str]:
 
 
 def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
-    """The blind evaluation (eval.json): warnings and the power statement first, then the
-    primary comparison with its own test, then every comparison, each interval labelled
-    (wim/report/evaluation.py). The report puts it at the top."""
+    """The blind evaluation (eval.json), in evaluation.py's order; the report puts it at the
+    top."""
     if not evaluation:
         return []
     lines = ["## Blind evaluation: did training help? (eval.json)", ""]
