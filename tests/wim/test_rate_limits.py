@@ -118,6 +118,23 @@ def test_429_pauses_the_client_and_costs_no_record():
     assert client.stats["retries"] == 0 and client.stats["failures"] == 0
 
 
+def test_without_a_budget_the_client_learns_the_servers_rate_from_its_first_pause():
+    """No budget, no x-ratelimit headers, only 429 + Retry-After: after the first refused burst
+    the client paces itself at the rate the server answered, so a run of 100 requests sends
+    under 5% of its attempts into refusals (before the learned pace: 20% of 40 requests)."""
+    server = StandIn(Window(n=10, window_s=1.0))
+    client = HTTPClient(server.url, concurrency=4, max_retries=0)
+    try:
+        results = _ask(client, 100)
+    finally:
+        client.close()
+        server.close()
+    assert not [r for r in results if isinstance(r, Failure)]
+    assert len(server.answered) == 100
+    assert len(server.refused) < 0.05 * (100 + len(server.refused)), len(server.refused)
+    assert 0.7 * 600 <= client.stats["requests_per_minute_learned"] <= 1.05 * 600
+
+
 def test_requests_per_minute_keeps_under_the_servers_limit():
     """A budget of 90% of the server's limit: sent at an even pace, so hardly a 429 (< 5%)
     and never above the budget."""

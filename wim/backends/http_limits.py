@@ -270,6 +270,10 @@ class Limits:
         self._backoff = backoff  # attempt number -> seconds, for a 429 that names no wait
         self._paused_until = 0.0  # monotonic time: nothing is sent before it
         self._refused_in_row = 0  # 429s since the last reply that was not one
+        # Without a request budget one is learned from the server's first pause (_learn_budget).
+        self._learn = requests_per_minute is None
+        self._resumed_at: float | None = None  # the first send
+        self._answered = 0  # replies since the first send, then since the last 429
         self._waiting = 0  # slots held by requests that wait for a budget or a pause
         self._set_cap()
 
@@ -289,6 +293,8 @@ class Limits:
         """Wait until the budgets and any pause let `data` go; its estimated token cost when a
         token budget is kept."""
         cost = estimated_tokens(data) if self._tokens else None
+        if self._resumed_at is None:
+            self._resumed_at = time.monotonic()
         wait = self._requests.reserve(1) if self._requests else 0.0
         if self._tokens:
             wait = max(wait, self._tokens.reserve(cost))
@@ -316,8 +322,11 @@ class Limits:
             self._refused_in_row += 1
             if wait is None:  # no header says how long: back off as for a retry
                 wait = self._backoff(self._refused_in_row)
+            else:
+                self._learn_budget(wait)
         else:
             self._refused_in_row = 0
+            self._answered += status == 200
         if wait and time.monotonic() + wait > self._paused_until:
             self._paused_until = time.monotonic() + wait
             if refused:
@@ -339,6 +348,23 @@ class Limits:
             changed = False
         if changed:
             self._set_cap()
+
+    def _learn_budget(self, wait: float) -> None:
+        """A 429 that names its wait, with no request budget set: what the server answered from
+        the first send to the end of this pause is its rate, kept from then on as a request
+        budget, so only the requests in flight at the first 429 are refused. A later 429 under
+        that pace lowers it by 5% (Retry-After in whole seconds ends a pause late, so a second
+        window would measure too low). A client still ramping up (`auto` over slow replies) may
+        learn a pace below the server's; `requests_per_minute` set by hand is never changed."""
+        if not self._learn or not self._answered or self._resumed_at is None:
+            return  # the rest of a burst refused together: one pause, one change
+        if self._requests is None:
+            per_minute = 60.0 * self._answered / (time.monotonic() + wait - self._resumed_at)
+            self._requests = Budget(per_minute)
+        else:
+            self._requests.rate *= 0.95
+        self.stats["requests_per_minute_learned"] = round(60.0 * self._requests.rate, 1)
+        self._answered = 0
 
     def _set_cap(self) -> None:
         """The in-flight cap: fixed, or under auto the sum of the URLs' limits."""
