@@ -3,11 +3,13 @@
     python tests/benchmarks/bench_rate_limits.py [--repeats N] [--write FILE]
 
 Two parts, every arm run `--repeats` times (default 2), the arms in turn, one row per run:
-1. Refusals: a server that answers 429 (with Retry-After to its window's end) above 10
-   requests per 1-second window, 40 requests at 8 in flight, no retries. Arms: no budget
-   (the client learns the limit from the 429s alone), `requests_per_minute` at the server's
-   limit (600), and at 90% of it. Printed: the share of attempts refused, records lost (must
-   be 0: a 429 pauses the client and costs no record) and wall time.
+1. Refusals: a server that answers 429 (with Retry-After to its window's end) above 10 requests
+   per 1-second window, 40 requests at 8 in flight, no retries. Arms: no budget (the client
+   learns the limit from the 429s alone), `requests_per_minute` at the server's limit (600),
+   and at 90% of it; and no budget over 200 requests, where the budget the client learns from
+   the first pause shows (only that first burst is refused). Printed: the share of attempts
+   refused, records lost (must be 0: a 429 pauses the client and costs no record) and wall
+   time.
 2. Busy share and latency: a server of 16 slots serving each request in 100 ms (the rest
    queue), 480 requests; then two replicas of 6 and 18 slots, 720 requests. Arms:
    `concurrency: auto`, fixed 4, fixed C (the servers' slots together, well set) and fixed 4C.
@@ -37,6 +39,7 @@ from test_rate_limits import Slotted, StandIn, Window  # noqa: E402 - the tests'
 from wim.backends.http_client import Failure, HTTPClient  # noqa: E402
 
 WINDOW_N, WINDOW_S, WINDOW_REQUESTS, WINDOW_CONCURRENCY = 10, 1.0, 40, 8
+LONG_REQUESTS = 200  # the first burst's refusals against a longer run (the learned budget)
 SERVER_RPM = WINDOW_N / WINDOW_S * 60
 SERVICE_S = 0.1
 SINGLE, SINGLE_REQUESTS = (16,), 480
@@ -48,14 +51,14 @@ def ask(client: HTTPClient, n: int) -> list:
     return client.post_many("/chat/completions", [body] * n)
 
 
-def refusal_run(settings: dict) -> tuple[float, int, float]:
+def refusal_run(settings: dict, n: int = WINDOW_REQUESTS) -> tuple[float, int, float]:
     """One arm against a fresh windowed server: (share of attempts refused, records lost,
     wall seconds)."""
     server = StandIn(Window(n=WINDOW_N, window_s=WINDOW_S))
     client = HTTPClient(server.url, concurrency=WINDOW_CONCURRENCY, max_retries=0, **settings)
     try:
         start = time.perf_counter()
-        results = ask(client, WINDOW_REQUESTS)
+        results = ask(client, n)
         seconds = time.perf_counter() - start
     finally:
         client.close()
@@ -93,6 +96,7 @@ def slotted_run(slots: tuple[int, ...], n: int, concurrency) -> dict:
 
 def refusals(repeats: int) -> list[str]:
     arms = {"no budget": {},
+            f"no budget, {LONG_REQUESTS} requests": {},
             f"requests_per_minute {SERVER_RPM:.0f} (limit)": {"requests_per_minute": SERVER_RPM},
             f"requests_per_minute {0.9 * SERVER_RPM:.0f} (90%)":
                 {"requests_per_minute": 0.9 * SERVER_RPM}}
@@ -101,7 +105,8 @@ def refusals(repeats: int) -> list[str]:
              f"{'arm':<34} {'run':>3} {'refused':>8} {'lost':>5} {'wall s':>7}"]
     for run in range(1, repeats + 1):
         for arm, settings in arms.items():
-            share, lost, seconds = refusal_run(settings)
+            n = LONG_REQUESTS if arm.startswith("no budget,") else WINDOW_REQUESTS
+            share, lost, seconds = refusal_run(settings, n)
             lines.append(f"{arm:<34} {run:>3} {share:>8.1%} {lost:>5} {seconds:>7.2f}")
             print(lines[-1], flush=True)
     return lines
