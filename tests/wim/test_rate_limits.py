@@ -102,17 +102,24 @@ def _rate(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def test_429_pauses_the_client_and_costs_no_record():
-    """Without a budget the client learns the limit from 429s alone: every request is
-    answered, though `max_retries` is 0, and the 429s are counted."""
-    server = StandIn(Window(n=10, window_s=1.0))
-    client = HTTPClient(server.url, concurrency=4, max_retries=0)
+def _ask_fresh(answer, n: int, payload: dict | None = None, **settings):
+    """`n` requests from a fresh client (`settings`) to a fresh stand-in answering with
+    `answer`; every one must come back answered. The server and client, closed."""
+    server = StandIn(answer)
+    client = HTTPClient(server.url, **settings)
     try:
-        results = _ask(client, 30)
+        results = _ask(client, n, **(payload or {}))
     finally:
         client.close()
         server.close()
     assert not [r for r in results if isinstance(r, Failure)]
+    return server, client
+
+
+def test_429_pauses_the_client_and_costs_no_record():
+    """Without a budget the client learns the limit from 429s alone: every request is
+    answered, though `max_retries` is 0, and the 429s are counted."""
+    server, client = _ask_fresh(Window(n=10, window_s=1.0), 30, concurrency=4, max_retries=0)
     assert len(server.answered) == 30 and server.refused
     assert client.stats["rate_limited"] == len(server.refused)
     assert client.stats["retries"] == 0 and client.stats["failures"] == 0
@@ -122,14 +129,7 @@ def test_without_a_budget_the_client_learns_the_servers_rate_from_its_first_paus
     """No budget, no x-ratelimit headers, only 429 + Retry-After: after the first refused burst
     the client paces itself at the rate the server answered, so a run of 100 requests sends
     under 5% of its attempts into refusals (before the learned pace: 20% of 40 requests)."""
-    server = StandIn(Window(n=10, window_s=1.0))
-    client = HTTPClient(server.url, concurrency=4, max_retries=0)
-    try:
-        results = _ask(client, 100)
-    finally:
-        client.close()
-        server.close()
-    assert not [r for r in results if isinstance(r, Failure)]
+    server, client = _ask_fresh(Window(n=10, window_s=1.0), 100, concurrency=4, max_retries=0)
     assert len(server.answered) == 100
     assert len(server.refused) < 0.05 * (100 + len(server.refused)), len(server.refused)
     assert 0.7 * 600 <= client.stats["requests_per_minute_learned"] <= 1.05 * 600
@@ -138,14 +138,8 @@ def test_without_a_budget_the_client_learns_the_servers_rate_from_its_first_paus
 def test_requests_per_minute_keeps_under_the_servers_limit():
     """A budget of 90% of the server's limit: sent at an even pace, so hardly a 429 (< 5%)
     and never above the budget."""
-    server = StandIn(Window(n=10, window_s=1.0))
-    client = HTTPClient(server.url, concurrency=8, max_retries=0, requests_per_minute=540)
-    try:
-        results = _ask(client, 40)
-    finally:
-        client.close()
-        server.close()
-    assert not [r for r in results if isinstance(r, Failure)]
+    server, _ = _ask_fresh(Window(n=10, window_s=1.0), 40, concurrency=8, max_retries=0,
+                           requests_per_minute=540)
     assert len(server.refused) < 0.05 * 40
     assert _rate(server.answered + server.refused) <= 9 * 1.05
 
@@ -154,28 +148,16 @@ def test_tokens_per_minute_is_corrected_by_usage():
     """Each request is estimated at 40 chars / 4 + max_tokens 40 = 50 tokens, but the server
     counts 100 in `usage`: at 60,000 tokens a minute the client settles at 10 requests a second,
     not the 20 the estimate alone would give."""
-    server = StandIn(Window(n=1000, window_s=1.0, tokens=100))
-    client = HTTPClient(server.url, concurrency=8, tokens_per_minute=60_000)
-    try:
-        results = _ask(client, 30, max_tokens=40)
-    finally:
-        client.close()
-        server.close()
-    assert not [r for r in results if isinstance(r, Failure)]
+    server, _ = _ask_fresh(Window(n=1000, window_s=1.0, tokens=100), 30, {"max_tokens": 40},
+                           concurrency=8, tokens_per_minute=60_000)
     assert 7 <= _rate(server.answered[5:]) <= 10 * 1.1
 
 
 def test_ratelimit_headers_are_obeyed():
     """The server says how many are left and when its window resets ("850ms"): the client
     waits out the reset when none are left, so it is never refused."""
-    server = StandIn(Window(n=8, window_s=1.0, headers=True))
-    client = HTTPClient(server.url, concurrency=1, max_retries=0)
-    try:
-        results = _ask(client, 24)
-    finally:
-        client.close()
-        server.close()
-    assert not [r for r in results if isinstance(r, Failure)]
+    server, client = _ask_fresh(Window(n=8, window_s=1.0, headers=True), 24, concurrency=1,
+                                max_retries=0)
     assert server.refused == [] and client.stats["rate_limited"] == 0
 
 
