@@ -1,18 +1,5 @@
 """`wim compare CONFIG --out DIR`: numeric, WIM, mixed and random-preference arms, side by side.
-
-All arms share one generation and one judging pass (DIR/shared, a run directory); only scoring,
-pairing and training differ, with the same seed and step budget:
-- `numeric`: zeta 0 (the rating alone);
-- `wim`: zeta 1 (the critique similarity alone);
-- `mixed-<z>`: each zeta of `eval.compare_zetas` (0.4 by default);
-- `random`: the control: the WIM arm's pairs with chosen and rejected swapped by a seeded coin,
-  so the same texts carry no preference signal.
-Each arm is a run directory DIR/arms/<name> (score, pairs, train). Then every arm's policy and
-the base answer the held-out prompts, and the blind evaluator compares each arm with the base
-and with every other arm; Holm's correction runs over all of those comparisons at once. The
-primary comparison, WIM arm against numeric arm, is fixed in advance and reported first with
-its own unadjusted test.
-Written: DIR/compare.json, DIR/compare.md, DIR/eval/answers.jsonl, DIR/eval/verdicts.jsonl.
+More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """`wim run` and `wim train`: the data stages (data_gen/pipeline.py), then DPO on the pairs,
 then the blind evaluation of the trained policy against its base, then the report, in one run
 directory.
-
-The stage order lives here (`STAGES`), and the table of every stage module's `run_stage`
-(`RUNNERS`); data_gen.pipeline.run_stages runs them and skips finished ones. The eval stage
-(training/evaluate.py, as `wim eval DIR`) runs when the config holds prompts out
-(`prompts.holdout`) and `eval.in_run` is on; the report shows its eval.json first. Several
-rounds and online DPO build on this (training/rounds.py, training/online.py).
+More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Sentence embedders for the WIM similarity: in process (sentence-transformers) or on a server
 (an OpenAI-compatible `/v1/embeddings`: vLLM `--runner pooling`, TEI, OpenAI).
-
-Both return unit-length float32 vectors, one row per text, and carry an `identity`: the string
-that names what computed the vectors (backend, model, dtype). The score stage keys every
-stored similarity by it, so vectors of another embedder or dtype never mix with stored ones.
-`open_embedder` builds either from the config: the one place that does.
+More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -2,10 +2,7 @@
 prompt that gave no pair (its best and worst samples tied, or too few judgements parsed), for
 at most `report.browser_prompts` prompts (failed judgements first, then a seeded sample), so
 that the page of a 100k-prompt run stays a few MB; the full data stays in the jsonl files.
-
-Built from the run directory alone: scores.jsonl (every judgement with its scores; judgements.jsonl
-when the run was never scored), pairs.jsonl (which samples were paired). Failed judgements are
-kept, with the judge's raw text and the parse error, so a reader can see what went wrong.
+More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
