@@ -79,8 +79,7 @@ class HTTPEmbedder:
     (servers differ on whether they do), so the cosine is a dot product as in process."""
 
     def __init__(self, model: str, base_urls: list[str], batch_size: int = 64,
-                 api_key_env: str = "WIM_API_KEY", concurrency: int | str = 8,
-                 timeout_s: float = 60.0, max_retries: int = 4, **limits) -> None:
+                 **settings) -> None:
         from wim.backends.http_client import HTTPClient
 
         if not base_urls:
@@ -93,11 +92,10 @@ class HTTPEmbedder:
         self.name = model
         self.batch_size = batch_size
         self.dtype = None  # the server's choice
-        # limits: max_concurrency, requests_per_minute, tokens_per_minute (HTTPClient's)
-        self.client = HTTPClient(base_urls, api_key_env=api_key_env, concurrency=concurrency,
-                                 timeout_s=timeout_s, max_retries=max_retries, **limits)
+        self.client = HTTPClient(base_urls, **settings)  # HTTPClient's keyword arguments
         self.dimension: int | None = None
-        cap = self.client.max_concurrency if concurrency == "auto" else concurrency
+        cap = self.client.concurrency
+        cap = self.client.max_concurrency if cap == "auto" else cap
         self.in_flight = max(1, cap // 2)  # batches the score stage sends at once
 
     @property
@@ -190,13 +188,12 @@ def embedder_of(cfg: Any) -> tuple[str, str]:
 def open_embedder(cfg: Any) -> Embedder | HTTPEmbedder:
     """The embedder `cfg.scoring` asks for (`cfg` a Config): in process, or on a server with
     `scoring.http`, each null field taken from the `http:` section."""
-    from wim.backends import client_limits
+    from wim.backends import client_settings
     from wim.config import scoring_http
 
     scoring = cfg.scoring
     if scoring.backend == "http":
         endpoint = scoring_http(cfg)
         return HTTPEmbedder(endpoint.model, endpoint.base_urls, scoring.batch_size,
-                            endpoint.api_key_env, endpoint.concurrency, endpoint.timeout_s,
-                            endpoint.max_retries, **client_limits(endpoint))
+                            **client_settings(endpoint))
     return Embedder(scoring.embedder, scoring.batch_size, scoring.dtype)

@@ -8,7 +8,7 @@ from wim.backends.base import Backend, Completion, Conversation, SamplingParams,
 from wim.backends.transformers_backend import TransformersBackend
 
 __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "TransformersBackend",
-           "client_limits", "open_backend", "open_http_backend", "sample_seed"]
+           "client_settings", "open_backend", "open_http_backend", "sample_seed"]
 
 
 def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
@@ -35,13 +35,12 @@ def open_http_backend(h, model: str = "") -> Backend:
     the name sent."""
     from wim.backends.http_backend import HTTPBackend
 
-    return HTTPBackend(h.base_urls, h.model or model, api_key_env=h.api_key_env,
-                       concurrency=h.concurrency, timeout_s=h.timeout_s,
-                       max_retries=h.max_retries, context_tokens=h.context_tokens,
-                       **client_limits(h))
+    return HTTPBackend(h.base_urls, h.model or model, context_tokens=h.context_tokens,
+                       **client_settings(h))
 
 
-def client_limits(h) -> dict:
-    """The rate-limit settings of an `http:` section, as HTTPClient's keyword arguments."""
-    return {"max_concurrency": h.max_concurrency, "requests_per_minute": h.requests_per_minute,
-            "tokens_per_minute": h.tokens_per_minute}
+def client_settings(h) -> dict:
+    """The transport settings of an `http:` section, as HTTPClient's keyword arguments."""
+    names = ("api_key_env", "concurrency", "timeout_s", "max_retries", "max_concurrency",
+             "requests_per_minute", "tokens_per_minute")
+    return {name: getattr(h, name) for name in names}
