@@ -1,13 +1,10 @@
 """How often our rankings agree with a source's own preferences (`generation.source`).
 
-A source that carries preferences gives one labelled pair per prompt:
-- the preference shape: its chosen response against its rejected one;
-- UltraFeedback's ratings (`source_rating`): the highest-rated response against the lowest
-  (a prompt whose responses all have the same rating gives none, counted as a label tie).
-One pair per prompt keeps the pairs independent, so the interval is that of the test.
-Each pair is ranked by every scoring system with the same code as `wim validity`
-(data_gen/validity_table.py): accuracy (ties half), tie share, strict accuracy,
-interval, failures. The result goes to DIR/agreement.json, which the report shows.
+A source that carries preferences gives one labelled pair per prompt: its chosen response
+against its rejected one, or the highest-rated against the lowest (all ratings equal: a label
+tie). One pair per prompt keeps the pairs independent, so the interval is that of the test.
+Each pair is ranked by every system as in `wim validity`; the result goes to
+DIR/agreement.json, which the report shows.
 """
 
 from __future__ import annotations
@@ -44,9 +41,8 @@ def label_pair(records: list[dict[str, Any]]) -> tuple[tuple[dict, dict] | None,
 def source_agreement(cfg: Config, run: RunDir,
                      scored: list[dict[str, Any]] | Iterable[list[dict[str, Any]]]
                      ) -> dict | None:
-    """Write DIR/agreement.json when the source carries preferences; None (and no file) when
-    it does not. `scored`: scores.jsonl's records, or each prompt's records as a stream (each
-    labelled pair leaves only its outcomes under each system: memory stays flat in prompts)."""
+    """Write DIR/agreement.json when the source carries preferences, else None and no file.
+    `scored`: scores.jsonl's records, or each prompt's records as a stream."""
     path = run.file(AGREEMENT_FILE)
     groups = group_by_prompt(scored).values() if isinstance(scored, list) else scored
     outcomes, label_ties, kinds = RankingOutcomes(cfg), 0, set()

@@ -2,11 +2,9 @@
 Batches API at judge.http's base URL; then `wim judge DIR` polls, downloads the outputs and takes
 them in (data_gen/judge_batch.py).
 
-DIR/batch/submitted.json records each file's upload and batch, written atomically before and
-after each call. A call whose answer was lost (a kill, a dropped connection) is found again
-before it is repeated: an upload by its name (`wim-<sha256 prefix>-<file>`: the same name is
-the same content), a batch by its metadata (the uploaded file's id). So a rerun submits
-nothing twice and loses nothing.
+DIR/batch/submitted.json records each file's upload and batch, atomically before and after
+each call; a call whose answer was lost is found again (an upload by its name
+`wim-<sha256 prefix>-<file>`, a batch by its input file), so a rerun submits nothing twice.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class BatchesRunning(StageIncomplete):
 
 
 class BatchAPI:
-    """The few calls of OpenAI's Files and Batches API (stdlib HTTP; the key only in the
-    Authorization header)."""
+    """The few calls of OpenAI's Files and Batches API (stdlib HTTP; the key in one header)."""
 
     def __init__(self, cfg: Config) -> None:
         http = judge_http(cfg)
@@ -85,9 +82,9 @@ class BatchAPI:
         return next((b["id"] for b in batches if b.get("input_file_id") == file_id), None)
 
 
-def _save(path: Path, state: dict) -> None:
+def _save(path: Path, data: dict | bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
+    tmp.write_bytes(data if isinstance(data, bytes) else json.dumps(data, indent=2).encode())
     os.replace(tmp, path)
 
 
@@ -148,9 +145,7 @@ def collect(cfg: Config, run: RunDir) -> list[str]:
             for key in ("output_file_id", "error_file_id"):  # failed lines are in the error file
                 if batch.get(key):
                     lines += api.call("GET", f"/files/{batch[key]}/content")
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_bytes(lines)
-            os.replace(tmp, out)
+            _save(out, lines)
         outputs.append(str(out))
     _save(path, state)
     if running:

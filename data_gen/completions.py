@@ -1,17 +1,16 @@
 """DIR/dataset/: the pairs and every judgement, in the Hub's layout, for `export.push_to_hub`.
 
-Two configs next to one card: `default`, the pairs (the rows of pairs.jsonl, as DIR/pairs/
-holds them), and `completions`, one row per prompt in UltraFeedback's shape with every response
-and its judgement, so a user can re-rank or re-score what the pairs alone cannot show. The
-values are scores.jsonl's own, copied, never recomputed; the ranks are the only thing added.
-Both files are written as they are read (a prompt's records, an Arrow record batch at a time).
+Two configs next to one card: `default`, the pairs (as DIR/pairs/ holds them), and
+`completions`, one row per prompt in UltraFeedback's shape with every response and its
+judgement, so a user can re-rank or re-score. The values are scores.jsonl's own, copied; the
+ranks are the only thing added. Both files are written as they are read.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +40,13 @@ COMPLETIONS_SCHEMA = pa.schema([
 
 @dataclass
 class CompletionCounts:
-    """What the completions config holds, for the card: prompts, responses, judgements that
-    failed to parse, and per system the responses left without a rank (a null value)."""
+    """What the completions config holds, for the card (`unranked`: a null value, per system)."""
 
     prompts: int = 0
     responses: int = 0
     parse_failed: int = 0
     unranked: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         (s for s, _ in RANKED_BY), 0))
-
-    def as_facts(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def ranks(values: list[float | None]) -> list[int | None]:
@@ -68,15 +63,10 @@ def completions_row(records: list[dict[str, Any]], counts: CompletionCounts) -> 
     completions = []
     for i, r in enumerate(records):
         completions.append({
-            "sample_idx": r["sample_idx"], "response": r["response"],
+            **{f.name: r.get(f.name) for f in COMPLETION},  # copied; the required ones below
+            "sample_idx": r["sample_idx"], "response": r["response"], "parse_ok": r["parse_ok"],
             "origin": r.get("origin") or r.get("policy") or "",
-            "critique": r.get("critique"), "rating": r.get("rating"),
-            "parse_ok": r["parse_ok"], "parse_error": r.get("parse_error"),
-            "fallback": r.get("fallback"), "raw_judge_text": r.get("raw_judge_text"),
-            "rating_norm": r.get("rating_norm"), "similarity": r.get("similarity"),
-            "score": r.get("score"),
             **{f"rank_{system}": ranked[system][i] for system, _ in RANKED_BY},
-            "source_label": r.get("source_label"), "source_rating": r.get("source_rating"),
         })
         counts.responses += 1
         counts.parse_failed += not r["parse_ok"]
@@ -107,9 +97,8 @@ def write_completions(groups: Iterable[list[dict[str, Any]]], path: Path,
 
 
 def write_pairs_parquet(saved: Path, path: Path) -> None:
-    """The pairs parquet file from DIR/pairs/'s Arrow files (the rows of pairs.jsonl, with the
-    features datasets gave them), one record batch at a time, read from the file rather than
-    a memory map so that the pages read do not stay resident."""
+    """The pairs parquet file from DIR/pairs/'s Arrow files, one record batch at a time, read
+    from the file rather than a memory map so that the pages read do not stay resident."""
     files = sorted(saved.glob("data-*.arrow"))
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = None
@@ -128,9 +117,8 @@ def write_pairs_parquet(saved: Path, path: Path) -> None:
 def write_dataset_folder(folder: Path, saved_pairs: Path, groups: Iterable[list[dict[str, Any]]],
                          config_file: Path, card: Callable[[CompletionCounts], str]
                          ) -> CompletionCounts:
-    """DIR/dataset/: both configs' parquet files, README.md (`card` of the completions'
-    counts) and the run's resolved_config.yaml, built in a folder beside it that then takes its
-    place, so a stopped stage leaves the previous folder or none."""
+    """DIR/dataset/: both parquet files, README.md (`card` of the counts) and
+    resolved_config.yaml, built beside it, then renamed: a stopped stage leaves the old one."""
     build = folder.with_name(f".{folder.name}-build")
     shutil.rmtree(build, ignore_errors=True)
     write_pairs_parquet(saved_pairs, build / PAIRS_FILE)

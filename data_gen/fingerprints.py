@@ -1,11 +1,9 @@
 """Stage fingerprints: finished work is not redone.
 
 After a stage finishes, `stats/<stage>.json` gets a `fingerprint`: the sha256 of what the stage
-read (its config sections, the shard, the prompts, the sha256 of each input file) and the sha256
-of each file it wrote. When the same stage is asked for again and both still match, it is
-skipped: the inputs and config are unchanged and nobody touched its outputs. A stage that lost
-records to backend failures is never fingerprinted, so the next run retries it. Any change
-upstream changes an input hash downstream, so exactly the stages that depend on it run again.
+read (config sections, shard, prompts, input files) and of each file it wrote; when both still
+match, the stage is skipped. A stage that lost records to backend failures is never
+fingerprinted, so the next run retries it. A change upstream changes an input hash downstream.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from wim.config import Config
 from wim.records import storage_error
 from wim.rundir import RunDir, identity
 
-_STATS = ("stats/generate.json", "stats/judge.json", "stats/score.json", "stats/pairs.json",
-          "stats/train.json", "stats/eval.json")
+_STATS = tuple(f"stats/{s}.json" for s in ("generate", "judge", "score", "pairs", "train", "eval"))
 # stage: (config sections beyond the run identity, input files, output files)
 STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "generate": ((), (), ("samples.jsonl",)),
@@ -91,8 +88,7 @@ def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:
 
 
 def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] | None:
-    """The saved stats of `stage` when it finished with this input fingerprint and its
-    outputs are untouched since; None when it must run."""
+    """The saved stats of `stage` if it finished with this fingerprint, outputs untouched."""
     path = run.file(f"stats/{stage}.json")
     try:
         stats = json.loads(path.read_text())

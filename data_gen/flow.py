@@ -1,10 +1,8 @@
 """Work that flows: calls to a backend kept in flight across batch boundaries.
 
-A server with continuous batching (vLLM, SGLang) is busy only while requests wait for it. A
-stage that waits for the slowest request of one batch before sending the next leaves it idle
-for the tail of every batch, so the stages run several batches at once and still take their
-results in batch order (records are written in a deterministic order; resume and shards stay
-exact).
+A server with continuous batching (vLLM, SGLang) idles while a stage waits for the slowest
+request of a batch, so the stages run several batches at once and still take their results in
+batch order (records are written in a deterministic order; resume and shards stay exact).
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ R = TypeVar("R")
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[tuple[T, R]]:
-    """(item, fn(item)) for each item, in the items' order, with up to `window` calls running
-    at once in threads. Items are read lazily, at most `window` ahead of what was yielded.
-    window <= 1 runs every call in the caller's thread, one after the other."""
+    """(item, fn(item)) for each item in order, up to `window` calls at once in threads, items
+    read lazily (at most `window` ahead); window <= 1 runs every call in the caller's thread."""
     if window <= 1:
         for item in items:
             yield item, fn(item)

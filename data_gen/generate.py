@@ -33,11 +33,8 @@ def run_stage(cfg: Config, run: RunDir, res: Any, shard: stages.Shard | None, pr
 
 def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: Backend,
                      shard: stages.Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Sample k responses per prompt into samples.jsonl, skipping batches already done.
-
-    A prompt longer than the context is cut or skipped (generation.overlong, wim/context.py)
-    before batching; a failed sample is not recorded, so running again retries it.
-    """
+    """Sample k responses per prompt, skipping batches already done. A prompt longer than the
+    context is cut or skipped; a failed sample is not recorded, so running again retries it."""
     k = cfg.generation.k
     params = SamplingParams(cfg.generation.max_new_tokens, cfg.generation.temperature,
                             cfg.generation.top_p)

@@ -55,8 +55,7 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
 
 def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef], judge: Judge,
                   shard: stages.Shard | None = None, progress: bool = True) -> dict[str, Any]:
-    """Judge every sample into judgements.jsonl (`judge_batches`), with several batches in
-    flight when the judge's backend serves many requests at once (data_gen/flow.py)."""
+    """Judge every sample, several batches in flight when the backend serves many (flow.py)."""
     start = time.perf_counter()
     window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
     lost, overlong = judge_batches(cfg, run, prompts, judge, shard, progress, window)
@@ -74,10 +73,8 @@ def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
                   before: Callable[[list, KeySet, int], None] | None = None
                   ) -> tuple[int, dict[str, int]]:
     """Judge the samples not judged yet, one generation batch at a time, `window` batches in
-    flight; records are still written batch by batch in batch order. samples.jsonl is indexed
-    (the offsets of each prompt's records), and a batch's samples are read when it runs.
-    `before(keys, done, seed)` hears of each judge call: its records' keys, the keys judged
-    already and its seed (batch files: data_gen/judge_batch.py).
+    flight, written in batch order; a batch's samples are read (by offset) when it runs.
+    `before(keys, done, seed)` hears of each judge call (batch files: judge_batch.py).
     Returns the backend failures (not recorded) and the overlong samples' counts."""
     samples = RecordIndex(run.samples)
     if not len(samples):
@@ -143,8 +140,7 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
         rating=res.rating, raw_judge_text=res.raw, parse_ok=res.parse_ok,
         parse_error=res.error, attempts=res.attempts, echoed_attempts=res.echoed_attempts,
-        prompt_tokens=res.prompt_tokens,
-        completion_tokens=res.completion_tokens,
+        prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
         record["judge_prompt_truncated"] = True

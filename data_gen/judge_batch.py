@@ -2,15 +2,10 @@
 http judge's requests written as OpenAI Batch JSONL, run elsewhere (`vllm run_batch`, OpenAI's
 Batch API), and their answers taken back through the live judge's own code.
 
-Both directions go through the live path unchanged: the stage's `BackendJudge` on its
-`HTTPBackend`, whose client is swapped for a `BatchClient` while the stage runs. Writing, the
-client records each request body the backend would have POSTed (same seed, sampling settings,
-`response_format`) and answers it with a failure, so nothing is recorded. Ingesting, it answers
-each request from the result lines, by custom_id, through the backend's own reply parser; the
-judge's parsing and parse retries follow as in live judging (a retry is asked live, or written
-to a new requests file with `judge.batch_retry: batch`). custom_id is the record key
-(`<prompt_id>#<sample_idx>`, `@<attempt>` added for a retry), so ingestion is keyed and
-idempotent: a judgement already in judgements.jsonl is never asked again.
+The `HTTPBackend`'s client is swapped for a `BatchClient`: writing, it records each request
+body the backend would have POSTed and answers with a failure (nothing recorded); ingesting,
+it answers from the result lines through the backend's own reply parser. custom_id is the
+record key (`<prompt_id>#<sample_idx>`, `@<attempt>` for a retry): ingestion is idempotent.
 """
 
 from __future__ import annotations
@@ -59,11 +54,9 @@ def check_batch_judge(cfg: Config) -> None:
 
 
 class BatchClient:
-    """Stands in for the backend's HTTPClient (see the module docstring). `answers`: custom_id
-    -> result line; None while writing. Per judge call, `begin` tells which record key each
-    conversation is and which are judged already; a request is known by its seed (`_which`), as
-    the live judge derives it; `retried(text)` says whether the judge asks an answer again (a
-    parse failure)."""
+    """Stands in for the backend's HTTPClient. `answers`: custom_id -> result line; None while
+    writing. Per judge call, `begin` gives the record keys and those judged already; a request
+    is known by its seed (`_which`); `retried(text)`: whether the judge asks again."""
 
     def __init__(self, live, answers: dict[str, dict] | None, retry: str, attempts: int,
                  retried) -> None:
@@ -172,9 +165,8 @@ def write_request_files(folder: Path, lines: list[dict], prefix: str = "requests
 
 def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: list[str] | None,
                    judge_batches) -> dict[str, Any]:
-    """Write the request files (no `results`), or ingest `results` into judgements.jsonl
-    through the live judge stage's loop (`judge_batches`, data_gen/judge.py), one batch at a
-    time (the client knows each request by the batch's seed)."""
+    """Write the request files (no `results`), or ingest `results`, through the live judge
+    stage's loop (`judge_batches`) one batch at a time (requests are known by batch seed)."""
     prompts, judge = res.batch_prompts(), res.judge()
     backend = judge.backend
     live = backend._client
@@ -216,9 +208,8 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
 
 def judge_by_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: list[str] | None,
                    submit: bool, judge_batches) -> dict[str, Any]:
-    """The judge stage with judge.batch: write the request files; or submit them (once) to the
-    Batch API; or take in the answers, given (`results`) or of the submitted batches (polled
-    and downloaded by data_gen/batch_submit.py)."""
+    """The judge stage with judge.batch: write the request files; or submit them (once); or
+    take in the answers, given (`results`) or of the submitted batches (batch_submit.py)."""
     from data_gen import batch_submit
 
     check_batch_judge(cfg)  # before a judge is made for another kind of judge

@@ -1,12 +1,9 @@
 """`wim merge`: join shard run directories into one.
 
-Shards must come from one config (same run identity, same shard count, distinct indices) and
-no (prompt_id, sample_idx) key may repeat. Every shard of the split must be there, unless
-`allow_partial` (`wim merge --allow-partial`) accepts a merge that lacks some; the summary then
-lists the missing ones. The merged folder holds samples.jsonl and judgements.jsonl in key
-order, written as the shards' files are read (offsets are held, not records); `wim run CONFIG
---out MERGED` then finds every sample and judgement done and goes on with scoring, pairs,
-training and the report.
+Shards must come from one config (same run identity and shard count, distinct indices), no
+(prompt_id, sample_idx) key may repeat, and every shard must be there unless `allow_partial`.
+The merged folder holds samples.jsonl and judgements.jsonl in key order, written as the shards'
+files are read (offsets are held, not records); `wim run CONFIG --out MERGED` goes on from it.
 """
 
 from __future__ import annotations
@@ -47,17 +44,16 @@ def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict
         owner: dict[str, int] = {}
         for number, (run, index) in enumerate(zip(runs, indexes[name], strict=True)):
             for pid in index.prompt_ids():
-                if pid in owner:
-                    other = indexes[name][owner[pid]]
-                    both = set(other.sample_indices(pid)) & set(index.sample_indices(pid))
-                    if both:
-                        raise RunDirError(
-                            f"key {(pid, min(both))} appears in {runs[owner[pid]].path / name} "
-                            f"and in {run.path / name}; shards must not overlap. Nothing was "
-                            "written."
-                        )
-                    continue  # the same prompt's other samples: both shards are read below
-                owner[pid] = number
+                # A prompt's samples may span shards (both are read below), its keys may not.
+                holder = owner.setdefault(pid, number)
+                both = holder != number and (set(indexes[name][holder].sample_indices(pid))
+                                             & set(index.sample_indices(pid)))
+                if both:
+                    raise RunDirError(
+                        f"key {(pid, min(both))} appears in {runs[holder].path / name} "
+                        f"and in {run.path / name}; shards must not overlap. Nothing was "
+                        "written."
+                    )
         summary[name] = sum(len(index) for index in indexes[name])
     target.claim(first, shard=None)
     for name, shard_indexes in indexes.items():

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,8 @@ def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress:
 
 
 def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
-    """pairs.jsonl plus a saved datasets folder DIR/pairs/ and the Hub-layout folder
-    DIR/dataset/ (pushed when export.push_to_hub is set), each with its dataset card
-    (wim/card.py); DIR/agreement.json when the responses came from a source with its own
-    preferences (data_gen/agreement.py). scores.jsonl is indexed, then read prompt by prompt in
-    four streaming passes (pairs, card, completions, agreement)."""
+    """pairs.jsonl, DIR/pairs/, DIR/dataset/ and DIR/agreement.json, from scores.jsonl read
+    prompt by prompt in four streaming passes (pairs, card, completions, agreement)."""
     from data_gen.agreement import source_agreement
     from wim.card import summarize_scores
     from wim.pairs import PairCounts, pair_rows
@@ -49,7 +47,7 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
     hub_card = _write_cards(cfg, run, summarize_scores(scores.groups(), cfg), stats)
     if counts.pairs:
         write_dataset_folder(hub_folder, folder, scores.groups(), run.config_file,
-                             lambda completions: hub_card(completions.as_facts()))
+                             lambda completions: hub_card(asdict(completions)))
         if cfg.export.push_to_hub:
             _push(cfg.export.push_to_hub, hub_folder)
     else:  # no pairs: no folder that would still show an earlier run's
@@ -66,9 +64,8 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
                  ) -> Callable[[dict[str, Any]], str]:
-    """DIR/pairs/README.md (configs: the saved folder's arrow files) and DIR/pairs.README.md
-    (configs: pairs.jsonl); returns the card of DIR/dataset/ (the Hub's layout, both configs)
-    as a function of the completions config's counts."""
+    """DIR/pairs/README.md and DIR/pairs.README.md; returns the card of DIR/dataset/ (the
+    Hub's layout, both configs) as a function of the completions config's counts."""
     from wim.card import render_card
     from wim.sources import source_license
 
@@ -91,12 +88,9 @@ def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
 
 def _save_dataset(jsonl: Path, folder: Path) -> None:
     """DIR/pairs/ as `Dataset.save_to_disk` writes it, in memory that does not grow with the
-    run. datasets' JSON builder writes its Arrow file in batches; `save_to_disk` would then copy
-    that file through a memory map of all of it, and the pages it reads stay resident
-    (docs/benchmarks.md, "The HTTP driver"). So `save_to_disk` writes the folder of the first
-    row alone (its state.json and dataset_info.json, with the whole split's info) and the
-    builder's file, in the same Arrow stream format, takes that one-row file's place. More than
-    one builder file: the copy."""
+    run: `save_to_disk` copies through a memory map whose pages stay resident
+    (docs/benchmarks.md, "The HTTP driver"), so it writes the first row alone (state.json,
+    dataset_info.json of the whole split) and the JSON builder's Arrow file takes its place."""
     from datasets import load_dataset
 
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".pairs-build-") as cache:

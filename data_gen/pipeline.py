@@ -1,12 +1,8 @@
 """The data stages in one run directory: generate -> judge -> score -> pairs (-> report).
 
-`run_stages` runs named stages in order, skipping those whose config and inputs are unchanged
-since they finished (fingerprints.py). Each data stage is a module with the same entry point,
-`run_stage` (`StageRunner`): generate.py, judge.py, score.py, pairs.py, report.py (`wim
-generate`, ..., `wim report`); training (training/run.py) adds its own stages to the same loop
-by passing `runners`, so this package never imports training. The policy model is loaded
-once and shared (`Resources`): the fixed judge is the same weights with any adapter disabled,
-and training may train that same object in place.
+`run_stages` runs named stages in order, skipping those unchanged since they finished
+(fingerprints.py). Each stage module has the entry point `run_stage` (`StageRunner`); training
+adds its own stages by passing `runners`, so this package never imports training.
 """
 
 from __future__ import annotations
@@ -35,12 +31,8 @@ DATA_STAGES = ("generate", "judge", "score", "pairs", "report")
 
 
 class Resources:
-    """Models a run needs, loaded on first use and shared between stages.
-
-    A transformers policy is loaded once (`lm`) and shared by the policy, both judge views
-    (fixed: adapter off; changing: adapter on) and training, which trains it in place; the
-    rounds of `training.rounds` keep using it (`start_round`).
-    """
+    """Models a run needs, loaded on first use. One transformers model (`lm`) serves the policy,
+    both judge views (fixed: adapter off) and training, in place, over rounds (`start_round`)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -53,9 +45,8 @@ class Resources:
         self._adapter: str | None = None  # the adapter folder whose weights the model holds
 
     def prompts(self):
-        """The training prompts: `prompts.holdout` are held out for `wim eval` (holdout.py).
-        With `generation.source`, the source's prompts that have two or more responses, read
-        into memory (online training only; the data stages stream the source)."""
+        """The training prompts (`prompts.holdout` held out for `wim eval`), or the source's,
+        read into memory (online training only; the data stages stream the source)."""
         if self._prompts is None:
             if self.cfg.generation.source is not None:
                 self._prompts = [sp.prompt for sp in self.source()[0]]
@@ -66,8 +57,8 @@ class Resources:
         return self._prompts
 
     def batch_prompts(self):
-        """What the judge stage batches: the prompts, or for `generation.source` their ids and
-        lengths (`PromptRef`), from the import's pass over the source or a pass of its own."""
+        """What the judge stage batches: the prompts, or the source's ids and lengths
+        (`PromptRef`), from the import's pass over the source or a pass of its own."""
         if self.cfg.generation.source is None:
             return self.prompts()
         source = self.source()[0]
@@ -85,8 +76,7 @@ class Resources:
             self.prompts()
 
     def source(self):
-        """(Source, its content sha256) of `generation.source`; the Source streams its rows
-        each time it is iterated (wim/sources.py)."""
+        """(Source, its content sha256) of `generation.source`, streamed at each iteration."""
         if self._source is None:
             from wim.sources import Source, source_sha256
 
@@ -97,8 +87,7 @@ class Resources:
         return self._source
 
     def inputs_sha256(self) -> str:
-        """What the generate and judge stages read beyond the config: the prompts, or the
-        content of `generation.source` when set (which fixes its prompts)."""
+        """What the generate and judge stages read beyond the config: prompts or source."""
         if self.cfg.generation.source is not None:
             return f"source:{self.source()[1]}"
         return prompts_sha256(self.prompts())
@@ -108,10 +97,8 @@ class Resources:
         return self._held_out
 
     def lm(self, dtype: str | None = None):
-        """(model, tokenizer) of the transformers policy, loaded on first use, in `dtype` (by
-        default policy.dtype). One round keeps the PEFT-integration path (`policy.adapter` via
-        `load_adapter`); rounds use a trainable peft PeftModel so the next round continues the
-        adapter."""
+        """(model, tokenizer) of the transformers policy, in `dtype` (default policy.dtype).
+        Rounds use a trainable PeftModel so the next round continues the adapter."""
         if self._lm is None:
             c = self.cfg
             self._lm = load_causal_lm(c.policy.model, adapter=c.policy.adapter,
@@ -122,9 +109,8 @@ class Resources:
         return self._lm
 
     def start_round(self, cfg: Config) -> None:
-        """Switch to a round's config: the model must carry `cfg.policy.adapter` (the previous
-        round's adapter). Kept when the model already holds it (trained in this process), else
-        attached from disk (a resumed run); the weights are never loaded again."""
+        """Switch to a round's config, whose `policy.adapter` (the previous round's) the model
+        holds already or gets from disk (a resumed run); the weights are never loaded again."""
         self.cfg, self._policy, self._judge = cfg, None, None
         if self._lm is None or self._adapter == cfg.policy.adapter:
             return
@@ -146,12 +132,12 @@ class Resources:
     def trainable_lm(self, dtype: str | None = None):
         """The shared model for training, or None when training must load its own: an adapter
         attached through the PEFT integration (`policy.adapter` in a one-round run) is not a
-        PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base.
-        `dtype`: the one to load it in when nothing loaded it yet (`wim train`)."""
+        PeftModel TRL can train on, and `wim train` trains a fresh adapter on the base."""
         c = self.cfg
-        if c.policy.backend == "http" and c.http.adapter_serving == "vllm":
-            return self.lm(dtype)  # trained here, served there: a local copy that rounds keep
-        if c.policy.backend != "transformers" or (c.policy.adapter and c.training.rounds == 1):
+        # vLLM adapter serving: trained here, served there, a local copy that rounds keep.
+        served = c.policy.backend == "http" and c.http.adapter_serving == "vllm"
+        if not served and (c.policy.backend != "transformers"
+                           or (c.policy.adapter and c.training.rounds == 1)):
             return None
         return self.lm(dtype)
 
@@ -192,13 +178,8 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
                resources: Resources | None = None, close: bool = True,
                runners: Mapping[str, StageRunner] | None = None) -> dict[str, Any]:
     """Run the named stages in order; returns the merged stats (the report when it ran).
-    `close`: release the resources' backends at the end (the rounds keep them). `runners`: the
-    stages that can run (default: the data stages, DATA_RUNNERS; training adds "train" and
-    "eval": training/run.py).
-
-    A stage whose config and inputs are unchanged since it last finished is skipped (see
-    fingerprints.py). Raises StageIncomplete after a stage that lost records to backend failures.
-    """
+    `close`: release the backends at the end (the rounds keep them). `runners`: default
+    DATA_RUNNERS. Raises StageIncomplete after a stage that lost records to backend failures."""
     runners = DATA_RUNNERS if runners is None else runners
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}

@@ -1,17 +1,9 @@
 """The score stage (`wim score`): scores.jsonl from judgements.jsonl (no judge calls), streamed.
 
-Judgements are read record by record and scored in batches of `scoring.batch_size`: each
-batch is validated (another tool may have written the file), its similarities are looked up in
-DIR/similarities.sqlite (data_gen/similarity_store.py), the missing ones are computed from one
-embedder call for the batch's new texts and stored in one transaction, and then the batch's
-scores are appended to scores.jsonl. Memory holds one batch, whatever the run's size.
-
-Resume: a pass killed midway leaves the scores written so far and the similarities stored;
-the same command (same embedder, zeta and parse-failure policy) keeps those scores and goes on
-after them, computing exactly what the uninterrupted pass would have. Other settings start
-scores.jsonl afresh, from stored similarities where they exist. At zeta 0 the score does not
-use the similarity: stored ones are still written, missing ones stay null, and no embedder is
-loaded.
+Each batch of judgements is validated (another tool may have written the file); its missing
+similarities (similarity_store.py) come from one embedder call. Memory holds one batch. The
+same command (embedder, zeta, parse-failure policy) resumes a killed pass exactly; other
+settings start scores.jsonl afresh. At zeta 0 missing similarities stay null, none embedded.
 """
 
 from __future__ import annotations
@@ -49,9 +41,8 @@ def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress:
 
 def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
               ) -> dict[str, Any]:
-    """Score every judgement of `run` (see the module docstring). `embedder`: one already
-    loaded (it must have `identity`, `name` and `embed`); by default the config's, opened only
-    when a similarity is missing from the store."""
+    """Score every judgement of `run`. `embedder`: one already loaded (with `identity`, `name`
+    and `embed`); by default the config's, opened only when a similarity is missing."""
     from wim.embedders import embedder_of
 
     start = time.perf_counter()
@@ -95,8 +86,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
 
 
 def store_similarities(cfg: Config, run: RunDir) -> dict[str, int]:
-    """Fill DIR/similarities.sqlite for every judgement of `run` without writing scores (`wim
-    compare` fills its shared store once; each arm then scores from a copy)."""
+    """Fill DIR/similarities.sqlite without writing scores (`wim compare`: once for all arms)."""
     from wim.embedders import embedder_of
 
     _require(run)
@@ -117,9 +107,8 @@ def store_similarities(cfg: Config, run: RunDir) -> dict[str, int]:
 def _similarities(batch: list[dict], identity: str, policy: str, zeta: float,
                   store: SimilarityStore, lazy: _LazyEmbedder, counts: dict[str, int]
                   ) -> dict[int, float | None]:
-    """{position in batch: similarity} of the batch's judgements that have a critique, through
-    wim.scoring.similarities: stored cosines reused, the missing ones computed and stored first
-    (not at zeta 0, where they stay None)."""
+    """{position in batch: similarity} of the judgements with a critique (wim.scoring): stored
+    cosines reused, the missing ones computed and stored (not at zeta 0: None)."""
     for j in batch:
         check_numeric(j, zeta)
     wim = [i for i, j in enumerate(batch) if has_critique(j, policy)]
@@ -162,9 +151,8 @@ def _compute(missing: dict[bytes, tuple[str, str]], identity: str, store: Simila
 
 
 def _window(cfg: Config, embedder) -> int:
-    """Batches embedded at once: an embeddings server gets `concurrency` requests of
-    `batch_size` texts in flight; in process one batch (whose vectors then do not depend on
-    how a resumed pass was cut)."""
+    """Batches embedded at once: `concurrency` requests in flight to an embeddings server; in
+    process one (its vectors then do not depend on where a resumed pass was cut)."""
     if embedder is not None:
         return getattr(embedder, "in_flight", 1)
     if cfg.scoring.backend == "http":
@@ -177,20 +165,17 @@ def _window(cfg: Config, embedder) -> int:
 
 
 class _LazyEmbedder:
-    """The config's embedder, loaded on first use (a run whose similarities are all stored,
-    or scored at zeta 0, loads none)."""
+    """The given embedder, or the config's loaded on first use (none when all are stored)."""
 
     def __init__(self, cfg: Config, given) -> None:
         self.cfg, self.given, self.opened = cfg, given, None
 
     def get(self):
-        if self.given is not None:
-            return self.given
-        if self.opened is None:
+        if self.given is None and self.opened is None:
             from wim.embedders import open_embedder
 
             self.opened = open_embedder(self.cfg)
-        return self.opened
+        return self.opened if self.given is None else self.given
 
     def stats(self) -> dict[str, Any]:
         embedder = self.given or self.opened
@@ -224,15 +209,14 @@ def _bar(run: RunDir, progress: bool):
 def _batches(run: RunDir, size: int) -> Iterator[tuple[int, list[dict]]]:
     """(index of the first record, validated judgements) of each batch of `size`."""
     batch: list[dict] = []
-    first = 0
     for number, (_, j) in enumerate(iter_keyed(run.judgements), start=1):
         check_judgement(j, f"{run.judgements}, record {number}")
         batch.append(j)
         if len(batch) == size:
-            yield first, batch
-            first, batch = first + size, []
+            yield number - size, batch
+            batch = []
     if batch:
-        yield first, batch
+        yield number - len(batch), batch
 
 
 def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:

@@ -1,17 +1,10 @@
 """DIR/similarities.sqlite: every WIM similarity of a run, computed once.
 
-A similarity depends on the embedder (backend, model, dtype: its `identity`), the response and
-the critique, and on nothing else, so it is stored under the sha256 of those three and reused
-by every re-score at another zeta, every `wim compare` arm and every resumed or repeated run;
-stored values are never recomputed, so a re-score gives them back bit for bit. Another
-embedder or dtype has other keys: its values never mix with stored ones.
-
-While a scoring pass runs, the vectors of the texts it embedded are kept too (table `vector`,
-keyed by identity and text), so a text that appears again later in the run is not embedded
-again, and a pass resumed after a kill sends the embedder exactly the texts the uninterrupted
-pass would have sent (a batch's vectors depend on what is embedded with it). Each batch's
-similarities and vectors are committed in one transaction; a finished pass drops the vectors,
-which are 1.5 KB a text where a similarity is 8 bytes.
+A similarity depends only on the embedder (its `identity`: backend, model, dtype), the
+response and the critique: stored under their sha256, it is reused bit for bit by every
+re-score, `wim compare` arm and resumed run. During a pass the texts' vectors are kept too, so
+a resumed pass embeds exactly what the uninterrupted one would have (a batch's vectors depend
+on what is embedded with it); a finished pass drops them (1.5 KB a text, a similarity 8 B).
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ class SimilarityStore:
     """The run's similarities (and, during a pass, vectors) in one SQLite file."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._db = sqlite3.connect(self.path)
+        self._db = sqlite3.connect(path)
         self._db.executescript(
             "CREATE TABLE IF NOT EXISTS similarity (key BLOB PRIMARY KEY, value REAL NOT NULL)"
             " WITHOUT ROWID;"
@@ -73,9 +65,6 @@ class SimilarityStore:
             self._db.execute("DELETE FROM vector")
         if had:
             self._db.execute("VACUUM")
-
-    def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM similarity").fetchone()[0]
 
     def close(self) -> None:
         self._db.close()

@@ -1,12 +1,10 @@
 """The generate stage when `generation.source` is set: existing responses into samples.jsonl.
 
-Nothing is sampled and no policy is loaded. Each response becomes one sample record, in the
-source's order (sample_idx 0, 1, ...), with its origin (the model name where the source gives
-one) and, where the source has them, its label (`source_label`: chosen / rejected) or rating
-(`source_rating`), so that the report can compare our rankings with the source's own.
-The source is read as a stream (wim/sources.py `Source`), never held whole. Prompts are
-batched as in sampling (data_gen/stages.py) from their ids and lengths alone, so shards and
-resume work the same: records already in samples.jsonl are kept, the missing ones appended.
+Nothing is sampled and no policy is loaded. Each response becomes one sample record in the
+source's order, with its origin and, where the source has them, its label (`source_label`) or
+rating (`source_rating`), so the report can compare our rankings with the source's own. The
+source is streamed, never held whole; shards batch prompts as sampling does, from their ids
+and lengths, and resume appends only the missing records.
 """
 
 from __future__ import annotations
@@ -27,9 +25,7 @@ logger = logging.getLogger(__name__)
 
 def import_samples(cfg: Config, run: RunDir, res: Any, shard: Shard | None = None,
                    progress: bool = True) -> dict[str, Any]:
-    """Write the source's responses (`res.source()`) as samples, skipping records already
-    written (records go out in source order, a prompt's responses together). A shard first
-    reads the prompts' ids and lengths (`res.batch_prompts()`) to find its own batches."""
+    """The source's responses as samples (a shard finds its batches by `res.batch_prompts()`)."""
     start = time.perf_counter()
     source, sha256 = res.source()
     mine = None

@@ -1,11 +1,8 @@
-"""What the data stages (pipeline.py) share: shards, batches and their seeds, the progress
-bar, and the counts every stage's stats start from.
+"""What the data stages share: shards, batches and their seeds, the progress bar, stats.
 
 Prompts are sorted by length (less padding) and cut into fixed batches. A batch's seed comes
-from its index, and batches, not prompts, are what shards split and what resume skips, so a
-resumed run or a set of merged shards holds exactly the records of one uninterrupted run.
-Samples and judgements are appended record by record; scores and pairs are derived files
-rewritten whole.
+from its index, and batches are what shards split and resume skips, so a resumed run or merged
+shards hold exactly the records of one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ def progress_bar(total: int | None, desc: str, progress: bool, unit: str = "samp
 
 
 def token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:
-    """Records, tokens, empty responses and failed parses of a stage file, in one streaming
-    pass (records are counted, never held)."""
+    """Records, tokens, empty responses and failed parses of a stage file, in one pass."""
     records, prompt_tokens, completion_tokens, empty, failed = 0, 0, 0, 0, 0
     for _, r in iter_keyed(path):
         records += 1
@@ -71,22 +67,17 @@ def token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:
         completion_tokens += r.get("completion_tokens", 0)
         empty += not str(r.get("response") or "").strip()
         failed += not r.get("parse_ok", True)
-    stats: dict[str, Any] = {
+    return {
         f"{stage}/records": records,
         f"tokens/{role}/in": prompt_tokens,
         f"tokens/{role}/out": completion_tokens,
+        **({"generate/empty": empty} if stage == "generate" else {f"{stage}/parse_failed": failed}),
     }
-    if stage == "generate":
-        stats["generate/empty"] = empty
-    else:
-        stats[f"{stage}/parse_failed"] = failed
-    return stats
 
 
 def backend_stats(backend, role: str) -> dict[str, Any]:
     """Request, retry and failure counts of an HTTP backend (`http/judge/retries`, ...); for a
-    local model the dtype it computed in (`dtype/judge`) and the machine it was picked for
-    (`machine/cpu_capability`, `machine/native_bf16`, ...: wim/precision.py)."""
+    local model its dtype and the machine it was picked for (wim/precision.py)."""
     counts = getattr(backend, "stats", None) or {}
     stats: dict[str, Any] = {f"http/{role}/{k}": v for k, v in counts.items()}
     if getattr(backend, "dtype", None):

@@ -1,18 +1,14 @@
 """`wim validity CONFIG`: scorer validity on gold preference pairs, in the manner of RewardBench.
 
 Each gold pair holds a prompt, a `chosen` answer known to be better and a `rejected` one. The
-configured judge judges both answers once (the run's judge: role, model, prompt, retries), the
-embedder scores them, and every scoring system ranks the pair: numeric (zeta 0), WIM (zeta 1)
-and the mix at each zeta of `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`.
-Per system, the statistics of data_gen/validity_table.py: accuracy (chosen ranked first; a tie
-counts as half) with its intervals and tests, and a paired test against numeric (Holm over the
-systems). A pair whose judgement failed for a system is counted as a failure, not as right or
-wrong. As a reference, "longer answer" ranks by length alone. Fewer ties only help if the
-winner is right.
+run's judge judges both once, and every scoring system ranks the pair: numeric (zeta 0), WIM
+(zeta 1) and the mixes at `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`
+(statistics: validity_table.py); a failed judgement is a failure, not right or wrong, and
+"longer answer" is a reference. Fewer ties only help if the winner is right.
 
-Gold sources: the bundled set (wim/data/gold_pairs.jsonl, 48 pairs written for this project, 6
-in each of the 8 domains of the bundled prompts), or any .jsonl/.json/.csv with prompt, chosen
-and rejected (strings, or chat messages as in TRL's preference format), optional id, domain.
+Gold: the bundled set (wim/data/gold_pairs.jsonl: 48 pairs written for this project, 6 in each
+of the 8 bundled domains), or a .jsonl/.json/.csv with prompt, chosen and rejected (strings, or
+chat messages as in TRL's preference format), optional id, domain.
 """
 
 from __future__ import annotations
@@ -73,14 +69,12 @@ def load_gold(source: str | None = None, limit: int | None = None) -> list[GoldP
         if not path.is_file():
             raise InputError(f"gold file '{path}' does not exist; give a .jsonl or .csv with "
                              "prompt, chosen, rejected, or leave --gold out for the bundled set.")
-    pairs = []
     if path.suffix.lower() == ".csv":
-        text = path.read_text(encoding="utf-8")
-        for i, row in enumerate(csv.DictReader(text.splitlines())):
-            pairs.append(_pair(row, i, f"{path}: row {i + 2}"))
+        rows = csv.DictReader(path.read_text(encoding="utf-8").splitlines())
+        pairs = [_pair(row, i, f"{path}: row {i + 2}") for i, row in enumerate(rows)]
     else:
-        for n, record in read_input_jsonl(path, "Gold", InputError):
-            pairs.append(_pair(record, len(pairs), f"{path}: line {n}"))
+        records = read_input_jsonl(path, "Gold", InputError)
+        pairs = [_pair(r, i, f"{path}: line {n}") for i, (n, r) in enumerate(records)]
     if not pairs:
         raise InputError(f"{path} holds no gold pairs.")
     return pairs[:limit] if limit else pairs
@@ -113,8 +107,7 @@ def judge_gold(cfg: Config, pairs: list[GoldPair], progress: bool = True) -> lis
 
 
 def score_gold(cfg: Config, records: list[dict]) -> list[dict]:
-    """The gold judgements scored as the score stage scores a run: the same embedder
-    (scoring.backend, scoring.dtype), the same batches, the same similarity function."""
+    """The gold judgements scored as the score stage scores a run (embedder, batches, cosine)."""
     from wim.embedders import open_embedder
     from wim.scoring import score_judgements
 

@@ -1,9 +1,8 @@
 """The validity table: how often each scoring system ranks the better answer of a pair first.
 
-Pure functions over scored judgement records (`sample_idx` 0 = the better answer, 1 = the
-worse), shared by `wim validity` (data_gen/validity.py, gold pairs) and the agreement with a
-source's own labels (data_gen/agreement.py). Nothing here loads a model or imports the
-pipeline, so the pairs stage can use it without a circle.
+Pure functions over scored records, shared by `wim validity` (validity.py) and the agreement
+with a source's labels (agreement.py). Nothing here loads a model or imports the pipeline, so
+the pairs stage can use it without a circle.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ LONGER = "longer answer (reference)"
 
 
 class RankingOutcomes:
-    """Each system's outcome per pair, in pair order, and each pair's domain: what the table
-    reads, a few bytes a pair (the agreement with a source adds 100,000 pairs one at a time).
-    An outcome is 1 (the better answer ranked first), 0.5 (a tie), 0 (wrong) or None (failed)."""
+    """Each system's outcome per pair and each pair's domain, a few bytes a pair (an agreement
+    adds 100,000 pairs): 1 (the better answer first), 0.5 (a tie), 0 (wrong), None (failed)."""
 
     def __init__(self, cfg: Config) -> None:
         zetas = {*cfg.scoring.report_zetas, cfg.scoring.zeta, *cfg.eval.compare_zetas}
@@ -55,8 +53,7 @@ class RankingOutcomes:
 
     def add(self, domain: str, better: dict | None, worse: dict | None,
             better_chars: int, worse_chars: int) -> None:
-        """One pair: the better and the worse answer's scored records (None: not judged) and
-        the answers' lengths in characters (the longer-answer reference)."""
+        """One pair's scored records (None: not judged) and answer lengths (for LONGER)."""
         a = system_values(better, self.zeta, self.zetas) if better else {}
         b = system_values(worse, self.zeta, self.zetas) if worse else {}
         for s, outcomes in self.by_system.items():
@@ -74,10 +71,8 @@ def _outcome(gap: float, tolerance: float) -> float:
 
 
 def validity_table(cfg: Config, pairs: list[GoldPair], scored: list[dict]) -> dict:
-    """Per system: accuracy (ties half) with a paired bootstrap interval, the sign test of
-    right against wrong with its Clopper-Pearson interval, tie share, strict accuracy, per
-    domain (n, accuracy, interval), and a paired test against numeric on the same pairs.
-    `scored`: the records of pair `id` as prompt_id, sample_idx 0 the better, 1 the worse."""
+    """Per system: accuracy (ties half) and its intervals and tests, per domain, and a paired
+    test against numeric. `scored`: pair `id` as prompt_id, sample_idx 0 the better, 1 worse."""
     records = {(r["prompt_id"], r["sample_idx"]): r for r in scored}
     outcomes = RankingOutcomes(cfg)
     for p in pairs:
@@ -124,12 +119,10 @@ def _row(cfg: Config, domains: list[str], outcomes: list[float | None]) -> dict:
 
 
 def paired_vs_numeric(system: list[float | None], numeric: list[float | None]) -> dict:
-    """One system against numeric on the pairs both scored (the lists are in pair order): the
-    accuracy difference (ties half), with the one-sample t-test of the per-pair differences
-    against 0 and that test's own 95% interval (`mean_test`), so the test, the interval and the
-    difference are about one quantity. (An exact McNemar test counted only "strictly right"
-    and called 12 pairs scored as a tie against a wrong numeric ranking no difference at all.)
-    The strictly-right discordant counts stay as a description."""
+    """One system against numeric on the pairs both scored: the accuracy difference (ties half)
+    with the t-test of the per-pair differences and its own 95% interval (`mean_test`): one
+    quantity. (An exact McNemar test counted only "strictly right" and called 12 pairs scored
+    as a tie against a wrong numeric ranking no difference at all.)"""
     both = [(a, b) for a, b in zip(system, numeric, strict=True)
             if a is not None and b is not None]
     diffs = [a - b for a, b in both]
