@@ -13,11 +13,9 @@ __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "Transform
 
 def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
                  adapter: str | None = None, dtype: str = "auto") -> Backend:
-    """Build a backend: `transformers`, `llama_cpp` or `http` (`http`: the resolved endpoint, an
-    HTTPConfig: `cfg.http` for the policy, `wim.config.judge_http(cfg)` for a judge, ...).
-
-    `adapter`: a LoRA adapter folder to attach (transformers only; the config checks that).
-    `dtype`: what a transformers model computes in (wim/precision.py); the others ignore it."""
+    """A `transformers`, `llama_cpp` or `http` backend. `http`: the resolved endpoint (an
+    HTTPConfig: `cfg.http`, `wim.config.judge_http(cfg)`, ...); `adapter` (a LoRA folder) and
+    `dtype` (wim/precision.py) are for transformers only."""
     if kind == "transformers":
         return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter,
                                         dtype=dtype)
@@ -31,8 +29,7 @@ def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
 
 
 def open_http_backend(h, model: str = "") -> Backend:
-    """An HTTPBackend from an `http:` section (an HTTPConfig); `h.model`, else `model`, is
-    the name sent."""
+    """An HTTPBackend from an `http:` section; `h.model`, else `model`, is the name sent."""
     from wim.backends.http_backend import HTTPBackend
 
     return HTTPBackend(h.base_urls, h.model or model, context_tokens=h.context_tokens,

@@ -37,8 +37,7 @@ def adapter_name(adapter_dir: str | Path) -> str:
 
 
 def serve_adapter(http, adapter_dir: str | Path) -> str:
-    """Register `adapter_dir` with every base URL of `http` (an HTTPConfig, data-parallel
-    replicas each need it); returns its served name."""
+    """Register `adapter_dir` with every base URL of `http` (each replica needs it); its name."""
     name = adapter_name(adapter_dir)
     for url in http.base_urls:
         register_adapter(url, name, adapter_dir, http.server_paths, http.api_key_env)
@@ -46,9 +45,8 @@ def serve_adapter(http, adapter_dir: str | Path) -> str:
 
 
 def served_http(http, adapter_dir: str | Path | None):
-    """`http` (an HTTPConfig) with `model` the served name of `adapter_dir` (registered now;
-    "already loaded" after a restart of ours is fine), or the base name when there is none
-    or adapters are not served."""
+    """`http` (an HTTPConfig) with `model` the served name of `adapter_dir`, registered now;
+    `http` itself without an adapter or with adapters not served."""
     if adapter_dir is None or http.adapter_serving != "vllm":
         return http
     return dataclasses.replace(http, model=serve_adapter(http, adapter_dir))

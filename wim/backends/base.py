@@ -1,7 +1,5 @@
-"""The backend interface: one small API used for both sampling and judging.
-
-A backend never raises for one bad request: it returns a `Completion` with `ok=False` and the
-error, so the caller counts the failure and nothing already done is lost.
+"""The backend interface, for both sampling and judging. A backend never raises for one bad
+request: it returns a `Completion` with `ok=False`, so the caller counts it and loses nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ class Completion:
     ok: bool = True
     error: str | None = None
     top_logprobs: tuple[dict[str, float], ...] = ()
-    """With `SamplingParams.top_logprobs`: per generated token, the log-probabilities of the
-    most likely tokens at that position (token text -> logprob); empty when not asked for or
-    the server gave none."""
+    """Per generated token, {token text: logprob} of the most likely tokens there (with
+    `SamplingParams.top_logprobs`; else empty, as when a server gives none)."""
 
     @property
     def failure(self) -> str | None:
@@ -46,8 +43,7 @@ class SamplingParams:
     """Judge format for servers (backends with `supports_json_schema`): ask for JSON that
     matches this schema (`response_format`); a server that refuses it gets plain text."""
     top_logprobs: int = 0
-    """Ask for this many most likely tokens per generated position (`Completion.top_logprobs`;
-    OpenAI's `logprobs: true, top_logprobs: N`). 0: none."""
+    """Most likely tokens per generated position (`Completion.top_logprobs`); 0: none."""
 
 
 def sample_seed(seed: int, conv_index: int, sample_index: int) -> int:
@@ -84,13 +80,9 @@ class Backend(ABC):
     @abstractmethod
     def generate(self, conversations: list[Conversation], params: SamplingParams, *, n: int = 1,
                  seed: int = 0, prefill: str | list[str] | None = None) -> list[list[Completion]]:
-        """Return `n` completions for each conversation, in input order.
-
-        `seed` makes the call reproducible: the same conversations, params and seed give the
-        same texts. `prefill` is text the assistant turn starts with (one string for all, or
-        one per conversation); the model continues it and the returned text excludes it (only
-        where `supports_prefill`).
-        """
+        """`n` completions per conversation, in input order; the same conversations, params
+        and seed give the same texts. `prefill` (one string, or one per conversation; only
+        where `supports_prefill`) starts the assistant turn and is not part of the texts."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release servers, threads or memory held by the backend."""

@@ -41,13 +41,11 @@ def end_tokens(config: GenerationConfig) -> list[int]:
 
 def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float):
     """(values, indices): the tokens transformers' `TopKLogitsWarper` then `TopPLogitsWarper`
-    (min_tokens_to_keep 1) keep in each row, with their scores, and some more at -inf (rows
-    keep different numbers of tokens; a row's kept ones come first).
+    (min_tokens_to_keep 1) keep in each row, kept ones first (the rest of a row at -inf).
 
-    Top-p runs on what `topk` returns, not the whole vocabulary: the k best, and every token
-    tied with the k-th (generate's top-k keeps ties too; in bfloat16 most steps of a batch have
-    some). Where tied scores straddle the top-p boundary, which of them stays depends on the
-    sort's order of equal values, here and in generate alike."""
+    Top-p runs on the k best and every token tied with the k-th (generate's top-k keeps ties
+    too; in bfloat16 most steps of a batch have some), not the whole vocabulary. Where ties
+    straddle the top-p boundary, which stays depends on the sort, here and in generate alike."""
     values, indices = scores.topk(min(top_k, scores.shape[-1]), dim=-1)  # descending
     kth = values[:, -1:]
     # The most tokens a row keeps (finite ones: a processor's -inf ties with nothing).
@@ -66,10 +64,9 @@ def top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float):
 
 
 class CandidateSampler:
-    """A logits processor that samples: generate's temperature, top-k (from `config`, else
-    generate's default) and top-p, then one draw from the softmax over the kept tokens only.
-    It returns scores with only the drawn token finite, for `generate` with `do_sample=False`.
-    Without a top-k (a generation config with `top_k: 0`) it draws over the whole vocabulary."""
+    """A logits processor that samples: generate's temperature, top-k and top-p, then one draw
+    over the kept tokens only (over the whole vocabulary with `top_k: 0`). Only the drawn
+    token's score stays finite, for `generate` with `do_sample=False`."""
 
     def __init__(self, config: GenerationConfig, temperature: float, top_p: float) -> None:
         self.temperature = temperature

@@ -48,8 +48,7 @@ def decode_attention_forward(module, query, key, value, attention_mask, dropout:
 
 @contextlib.contextmanager
 def decoding_attention(model):
-    """Within the `with`, a model on a CPU that uses SDPA uses `decode_attention_forward`;
-    any other model is left as it is. The model's own implementation is restored on exit."""
+    """Within the `with`, a model on a CPU that uses SDPA uses `decode_attention_forward`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

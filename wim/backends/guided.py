@@ -17,7 +17,7 @@ class _Row:
     count: int = 0  # tokens written in the current phase
     seen_text: bool = False
     value: list[int] = field(default_factory=list)  # tokens of the value (phase 2)
-    value_top: dict[str, float] = field(default_factory=dict)  # with `record`: see above
+    value_top: dict[str, float] = field(default_factory=dict)  # with `record`: at value_position
     value_position: int = -1
     steps: int = 0  # tokens this row has generated so far
 
@@ -25,20 +25,16 @@ class _Row:
 class FormatGuide(LogitsProcessor):
     """A logits processor; `stopper()` is the matching per-row stopping criterion."""
 
-    def __init__(self, tokenizer, prompt_len: int, batch: int, label: str = "Rating:",
-                 max_critique_tokens: int = 40, max_value_tokens: int = 3,
-                 choices: tuple[str, ...] = (), end_ids: list[int] | None = None,
-                 record: bool = False) -> None:
+    def __init__(self, tokenizer, prompt_len: int, batch: int, label: str,
+                 max_critique_tokens: int, choices: tuple[str, ...], end_ids: list[int],
+                 record: bool) -> None:
         self.prompt_len = prompt_len
         self.tokenizer = tokenizer
         self.record = record
         self.label_ids = tokenizer.encode(label, add_special_tokens=False)
         self.newline_label_ids = tokenizer.encode("\n" + label, add_special_tokens=False)
         self.max_critique_tokens = max_critique_tokens
-        self.max_value_tokens = max_value_tokens
-        # The tokens that end the turn: the model's generation config may list several.
-        eos = tokenizer.eos_token_id
-        self.end_ids = sorted(set(end_ids if end_ids else [] if eos is None else [eos]))
+        self.end_ids = sorted(set(end_ids))  # the tokens that end the turn
         self.newline_ids, self.text_ids, number_ids, digit_ids = _token_classes(tokenizer)
         self.newline_list = sorted(self.newline_ids)
         self.number_list = sorted(number_ids)
@@ -49,8 +45,7 @@ class FormatGuide(LogitsProcessor):
         self.rows = [_Row() for _ in range(batch)]
         self.choices = [tokenizer.encode(prefix + c, add_special_tokens=False)
                         for c in choices for prefix in ("", " ")]
-        if self.choices:
-            self.max_value_tokens = max(len(c) for c in self.choices) + 1
+        self.max_value_tokens = max(len(c) for c in self.choices) + 1 if self.choices else 3
 
     def _allowed(self, value: list[int]) -> list[int]:
         """Tokens that continue `value` towards a choice (+ a newline once one is complete)."""
@@ -108,10 +103,8 @@ class FormatGuide(LogitsProcessor):
                 scores[i, :] = float("-inf")
                 scores[i, row.forced[0]] = 0.0
             elif row.phase == 2:
-                if self.choices:
-                    allowed = self._allowed(row.value)
-                else:
-                    allowed = self.digit_list if row.count == 0 else self.digit_or_end
+                allowed = (self._allowed(row.value) if self.choices
+                           else self.digit_list if row.count == 0 else self.digit_or_end)
                 kept = scores[i, allowed].clone()
                 if torch.isinf(kept).all():  # a filter before us masked them all
                     kept.zero_()
@@ -134,15 +127,10 @@ class FormatGuide(LogitsProcessor):
         return scores
 
     def done(self, input_ids, scores) -> torch.Tensor:
-        """A row is finished once its rating value is written."""
-        rows = []
-        for i, row in enumerate(self.rows):
-            if row.phase == 2:
-                # The last token has not been seen by __call__ yet; peek at it.
-                finished = self._value_ends([*row.value, int(input_ids[i, -1])])
-                rows.append(finished and input_ids.shape[1] - self.prompt_len > 0)
-            else:
-                rows.append(row.phase == 3)
+        """A row is done once its value is written (the last token, not yet seen, may end it)."""
+        generated = input_ids.shape[1] - self.prompt_len
+        rows = [self._value_ends([*row.value, int(input_ids[i, -1])]) and generated > 0
+                if row.phase == 2 else row.phase == 3 for i, row in enumerate(self.rows)]
         return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
 
 
@@ -150,9 +138,8 @@ _CLASSES: dict[int, tuple[frozenset[int], ...]] = {}
 
 
 def _token_classes(tokenizer) -> tuple[frozenset[int], ...]:
-    """(ids whose text holds a newline, ids whose text holds a letter, ids whose text starts
-    with a digit or "=" after spaces, ids whose text is digits after an optional space),
-    cached."""
+    """(newline, letter, number, digits): the ids whose text holds a newline, holds a letter,
+    starts with a digit or "=" after spaces, or is digits after an optional space; cached."""
     key = id(tokenizer)
     if key not in _CLASSES:
         pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))

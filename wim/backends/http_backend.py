@@ -19,15 +19,13 @@ _NOT_SENT = Completion("", ok=False, error=_N_REFUSED)  # n > 1 not sent: refuse
 # A refusal of n names the field: "'n' must be 1", "n must be 1", "unsupported parameter: n".
 _NAMES_N = re.compile(r"""['"`]n['"`]|\bn (?:must|should|is|>|<|=)|\bn\s*[:=]|parameter:? n\b""")
 
-
-# The forms of `response_format` tried in order (see the module docstring).
+# The forms of `response_format` tried in order (docs/design.md, "Module notes").
 GUIDED_FORMS = ("json_schema", "json_object")
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
 
 
 class HTTPBackend(Backend):
-    """Chat completions from one or more OpenAI-compatible base URLs (ending in `/v1`);
-    `settings` are HTTPClient's (`api_key_env`, `concurrency`, `timeout_s`, ...)."""
+    """Chat completions from OpenAI-compatible base URLs (`/v1`); `settings`: HTTPClient's."""
 
     name = "http"
     supports_prefill = False
@@ -76,29 +74,24 @@ class HTTPBackend(Backend):
             got = await self._complete(conv, params, sample_seed(seed, index, 0), n=n)
             if got[0].ok and len(got) >= n:
                 return got[:n]
-            if got[0].ok or (got[0].error == _N_REFUSED and got[0] is not _NOT_SENT):
-                self._fall_back(len(got) if got[0].ok else 0, n)
+            if not got[0].ok and got[0].error != _N_REFUSED:
+                return [got[0]] * n  # a failed request fails its n samples
+            if got[0] is not _NOT_SENT:  # refused or fell short: single requests from now on
+                if not self._single:
+                    logger.warning("the server gave %d of n=%d samples in one request; asking "
+                                   "once per sample from now on", len(got) if got[0].ok else 0, n)
+                self._single = True
+                self.stats["n_fallback"] += 1
             if not got[0].ok:
-                if got[0].error != _N_REFUSED:
-                    return got + [got[0]] * (n - 1)  # a failed request fails its n samples
                 got = []
         singles = [self._complete(conv, params, sample_seed(seed, index, j))
                    for j in range(len(got), n)]
         return got + [c[0] for c in await asyncio.gather(*singles)]
 
-    def _fall_back(self, gave: int, n: int) -> None:
-        new = not self._single
-        self._single = True
-        self.stats["n_fallback"] += 1
-        if new:
-            logger.warning("the server gave %d of n=%d samples in one request; asking once per "
-                           "sample from now on", gave, n)
-
     async def _complete(self, messages: Conversation, params: SamplingParams, seed: int,
                         n: int = 1) -> list[Completion]:
-        """The choices of one chat-completion request (up to `n`), with retries; a failure
-        comes back as one `ok=False` completion (error `_N_REFUSED` when the server refused
-        n > 1)."""
+        """The choices of one chat-completion request (up to `n`), with retries; a failure is
+        one `ok=False` completion (error `_N_REFUSED` when the server refused n > 1)."""
         payload: dict = {
             "model": self.model,
             "messages": messages,
@@ -163,10 +156,9 @@ class HTTPBackend(Backend):
         return form
 
     def _refuse(self, form: str, reason: str) -> None:
-        new = form not in self._refused
-        self._refused.add(form)
         self.stats["guided_refused"] += 1
-        if new:
+        if form not in self._refused:
+            self._refused.add(form)
             after = next((f for f in GUIDED_FORMS if f not in self._refused), "plain text")
             logger.warning("the server refused response_format %r (%s); using %s instead",
                            form, self._client.scrub(reason), after)
@@ -176,10 +168,9 @@ class HTTPBackend(Backend):
 
 
 def _parse(body: bytes, url: str) -> list[Completion] | Failure:
-    """The choices of a chat-completion body, or a retryable failure if it is malformed.
-
-    The prompt is read once per request, so its tokens go to the first choice; the completion
-    tokens (one total in `usage`) are shared out by the choices' text lengths."""
+    """The choices of a chat-completion body, or a retryable failure if it is malformed. The
+    prompt is read once, so its tokens go to the first choice; the completion tokens (one total
+    in `usage`) are shared out by the choices' text lengths."""
     try:
         data = json.loads(body)
         texts = [choice["message"]["content"] for choice in data["choices"]]
@@ -202,9 +193,8 @@ def _parse(body: bytes, url: str) -> list[Completion] | Failure:
 
 
 def _top_logprobs(choice: dict) -> tuple[dict[str, float], ...]:
-    """Per generated token, {token: logprob} of its `top_logprobs` (OpenAI's chat format:
-    `choice.logprobs.content[i].top_logprobs`); () when the server sent none. A token that
-    appears twice keeps its larger logprob."""
+    """Per generated token, {token: logprob} of `choice.logprobs.content[i].top_logprobs`
+    (OpenAI's chat format; () when none); a token that appears twice keeps its larger one."""
     content = (choice.get("logprobs") or {}).get("content") or []
     out = []
     for position in content:

@@ -1,12 +1,12 @@
 """The transport of the HTTP backends and the HTTP embedder: JSON POSTs to one or more base
-URLs from any thread, every request of every caller under one in-flight cap (docs/design.md,
-"Backends", says why each rule is there).
+URLs from any thread, every request of every caller under one in-flight cap.
 More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -37,15 +37,10 @@ class Failure:
     """A request that did not give a result: `reason` is one line without the API key."""
 
     reason: str
-    retry: bool = False
-    """Worth another attempt (timeout, connection, 5xx, malformed body)."""
-    repeat: bool = False
-    """Send again at once, not counted as an attempt (the caller changed the payload)."""
-    connection: bool = False
-    """No connection (refused, unreachable): the request reached no server, so another URL
-    may take it at once."""
-    rate_limited: bool = False
-    """A 429: sent again after the pause it set, not counted as an attempt."""
+    retry: bool = False  #: worth another attempt (timeout, connection, 5xx, malformed body)
+    repeat: bool = False  #: send again at once, not an attempt (the caller changed the payload)
+    connection: bool = False  #: it reached no server, so another URL may take it at once
+    rate_limited: bool = False  #: a 429: sent again after the pause it set, not an attempt
 
 
 Parse = Callable[[int, bytes, str], Any]
@@ -53,8 +48,8 @@ Parse = Callable[[int, bytes, str], Any]
 
 
 def http_failure(status: int, body: bytes, url: str) -> Failure:
-    """The failure of a reply with a status other than 200: 5xx are retried (a 429 reaches
-    `parse` only when it says `insufficient_quota`: waiting does not end that)."""
+    """The failure of a non-200 reply: 5xx are retried (a 429 reaches `parse` only when it says
+    `insufficient_quota`: waiting does not end that)."""
     snippet = body[:BODY_SNIPPET].decode("utf-8", errors="replace")
     return Failure(f"HTTP {status} from {url}: {snippet}", retry=status >= 500)
 
@@ -79,7 +74,7 @@ def malformed(url: str, body: bytes, kind: str) -> Failure:
 class HTTPClient:
     """POSTs of JSON to `base_urls` (each ending in `/v1`), at most `concurrency` at once over
     all of them ("auto": found from the replies, at most `max_concurrency`), within the
-    per-minute budgets, with retries (module docstring). Thread-safe; `close()` when done."""
+    per-minute budgets, with retries (docs/design.md). Thread-safe; `close()` when done."""
 
     def __init__(
         self,
@@ -108,16 +103,14 @@ class HTTPClient:
         self.cooldown_s = COOLDOWN_S
         self.max_concurrency = max_concurrency
         self.stats = dict.fromkeys(["requests", "retries", "failures", "failovers"], 0)
-        for i in range(len(self.base_urls)):
-            for name in ("requests", "errors", "down"):
-                self.stats[f"url{i}_{name}"] = 0
+        self.stats.update({f"url{i}_{name}": 0 for i in range(len(self.base_urls))
+                           for name in ("requests", "errors", "down")})
         # Everything below is touched only on the loop's thread: no locks.
         self._limits = Limits(len(self.base_urls), concurrency, max_concurrency,
                               requests_per_minute, tokens_per_minute, self.stats, self._backoff)
         self._next = 0  # round-robin position
         self._down_until: list[float | None] = [None] * len(self.base_urls)  # None: up
         self._down_streak = [0] * len(self.base_urls)
-        self._failed = 0
         self._jitter = random.Random()  # spreads retries only; never touches results
         self._session = None
         self._secret = os.environ.get(api_key_env) or ""
@@ -140,8 +133,7 @@ class HTTPClient:
     # -- from any thread ------------------------------------------------------------------
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the client's loop and wait for its result (from any thread but
-        the loop's own)."""
+        """The result of a coroutine run on the client's loop (from any thread but its own)."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result()
@@ -150,13 +142,11 @@ class HTTPClient:
             raise
 
     def post_json(self, path: str, payload: dict, parse: Parse = parse_json) -> Any:
-        """POST `payload` to `<base url><path>` (e.g. "/embeddings"), with retries: what
-        `parse` made of the reply (by default the JSON object), or a `Failure`."""
+        """POST `payload` to `<base url><path>` with retries: `parse`'s result or a `Failure`."""
         return self.run(self.request(path, payload, parse))
 
     def post_many(self, path: str, payloads: list[dict], parse: Parse = parse_json) -> list:
-        """`post_json` for each payload, all in flight together (up to the cap), results in
-        the payloads' order."""
+        """`post_json` for each payload, all in flight together (up to the cap), in order."""
         return self.run(self.gather([self.request(path, p, parse) for p in payloads]))
 
     def close(self) -> None:
@@ -171,10 +161,8 @@ class HTTPClient:
     async def request(self, path: str, payload: dict | Callable[[], dict | None],
                       parse: Parse = parse_json) -> Any:
         """One request with retries (a coroutine on the client's loop). `payload` may be a
-        function, called once a slot is free before each attempt, for a caller whose payload
-        changes while it waits or on a `repeat` (sent again at once in the same slot, not
-        counted as an attempt); when it returns None nothing is sent and the request returns
-        None."""
+        function, called before each attempt once a slot is free and on a `repeat`, for a
+        payload that changes meanwhile; when it returns None, nothing is sent (result None)."""
         attempt, hops, failure = 0, 0, Failure("no attempt made")
         index: int | None = None  # the URL of the last attempt
         while True:
@@ -184,7 +172,7 @@ class HTTPClient:
             if outcome.rate_limited:  # the whole client waits (see _send); then again
                 continue
             if (outcome.connection and hops < len(self.base_urls) - 1
-                    and self._another_up(index)):
+                    and any(u is None for i, u in enumerate(self._down_until) if i != index)):
                 # It never reached a server: a URL that is up takes it at once, and it is not
                 # an attempt (max_retries: 0 still fails over). Once per other URL at most.
                 hops += 1
@@ -199,19 +187,18 @@ class HTTPClient:
             self.stats["retries"] += 1
             await asyncio.sleep(self._backoff(attempt))
         self.stats["failures"] += 1
+        failed = self.stats["failures"]  # the first few are warnings
         error = self.scrub(f"{failure.reason} (after {attempt} attempt{'s' * (attempt > 1)})")
-        self._failed += 1
-        logger.log(logging.WARNING if self._failed <= _LOGGED_FAILURES else logging.DEBUG,
+        logger.log(logging.WARNING if failed <= _LOGGED_FAILURES else logging.DEBUG,
                    "http request failed: %s%s", error,
                    "; further failures are counted in stats, logged at DEBUG"
-                   if self._failed == _LOGGED_FAILURES else "")
+                   if failed == _LOGGED_FAILURES else "")
         return Failure(error)
 
     async def _attempt(self, path: str, payload: dict | Callable[[], dict | None],
                        parse: Parse, after: int | None) -> tuple[int | None, Any]:
         """(URL index, outcome) of one attempt in one slot. The URL is picked once the slot is
-        free, so that a URL found down meanwhile is not sent to; a `repeat` (the caller
-        changed its payload) is sent again in the same slot, at once."""
+        free, so that a URL found down meanwhile is not sent to."""
         await self._limits.acquire()
         index = None
         try:
@@ -243,8 +230,7 @@ class HTTPClient:
             session = self._session or self._open()
             async with session.post(url, data=json.dumps(data).encode(),
                                     headers=self._headers) as response:
-                status, reply = response.status, await response.read()
-                headers = response.headers
+                status, reply, headers = response.status, await response.read(), response.headers
             self._limits.heed(self.base_urls[index], index, epoch, status, headers, reply, cost,
                               time.monotonic() - start)
             if status == 429 and b"insufficient_quota" not in reply:
@@ -285,9 +271,8 @@ class HTTPClient:
 
     def _pick(self, after: int | None = None) -> int:
         """The URL for an attempt: the next one up in round-robin order (after `after` for a
-        retry; under auto, of those up the one with the most free slots of its own limit), or
-        a down one whose cooldown has passed (one probe per cooldown); when all are down and
-        cooling, plain round-robin."""
+        retry; under auto, the up one with the most free slots), or a down one whose cooldown
+        has passed (one probe per cooldown); when all are down and cooling, round-robin."""
         n = len(self.base_urls)
         if after is None:
             start, self._next = self._next, self._next + 1
@@ -308,22 +293,16 @@ class HTTPClient:
                 return i
         return start % n if best is None else best
 
-    def _another_up(self, index: int) -> bool:
-        return any(until is None for i, until in enumerate(self._down_until) if i != index)
-
     def _mark_down(self, index: int, reason: str) -> None:
-        new = self._down_until[index] is None
+        if self._down_until[index] is None:
+            self.stats[f"url{index}_down"] += 1
+            logger.warning("%s is down (%s)%s", self.base_urls[index], self.scrub(reason),
+                           "; its requests go to the other URLs" if len(self.base_urls) > 1 else "")
         self._down_streak[index] += 1
         self._down_until[index] = time.monotonic() + self._cooldown(index)
-        if new:
-            self.stats[f"url{index}_down"] += 1
-            others = len(self.base_urls) > 1
-            logger.warning("%s is down (%s)%s", self.base_urls[index], self.scrub(reason),
-                           "; its requests go to the other URLs" if others else "")
 
     def _cooldown(self, index: int) -> float:
-        streak = max(1, self._down_streak[index])
-        return min(self.cooldown_s * 2 ** (streak - 1), MAX_COOLDOWN_S)
+        return min(self.cooldown_s * 2 ** max(0, self._down_streak[index] - 1), MAX_COOLDOWN_S)
 
     def _backoff(self, attempt: int) -> float:
         wait = min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
@@ -347,10 +326,8 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, holder:
             await session.close()
 
     if thread.is_alive() and threading.current_thread() is not thread:
-        try:
+        with contextlib.suppress(Exception):  # closing must not fail the caller
             asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=5)
-        except Exception:  # noqa: BLE001 - closing must not fail the caller
-            pass
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
     if not loop.is_running():

@@ -1,13 +1,12 @@
-"""How fast the HTTP driver (http_client.py) may send: the in-flight gate (`Slots`), the
-per-minute budgets (`Budget`), the server's rate-limit headers (`server_wait`) and the
-`concurrency: auto` controller (`AutoLimit`), together in `Limits` (docs/design.md, "Backends",
-says why each is built as it is). Everything here runs on the driver's event loop thread only:
-no locks.
+"""How fast the HTTP driver (http_client.py) may send: in-flight slots, per-minute budgets,
+the server's rate-limit headers and `concurrency: auto`, together in `Limits` (docs/design.md,
+"Backends", says why). All of it runs on the driver's loop thread only: no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
@@ -21,9 +20,8 @@ CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb, and how its limiter estimates a p
 
 
 def estimated_tokens(payload: dict) -> int:
-    """What a request counts against a token budget before its reply: the prompt's characters
-    / 4 plus every completion token it may produce (`max_tokens` x `n`), as OpenAI's limiter
-    counts it; the reply's `usage` corrects it afterwards."""
+    """A request's cost against a token budget, as OpenAI's limiter counts it: prompt characters
+    / 4 plus `max_tokens` x `n`; the reply's `usage` corrects it afterwards."""
     chars = sum(_text_chars(payload.get(key)) for key in ("messages", "prompt", "input"))
     most = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
     n = payload.get("n") or 1
@@ -31,18 +29,15 @@ def estimated_tokens(payload: dict) -> int:
 
 
 def _text_chars(value) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_chars(v) for v in value)
     if isinstance(value, dict):
-        return sum(_text_chars(v) for v in value.values())
-    return 0
+        value = list(value.values())
+    if isinstance(value, list):
+        return sum(map(_text_chars, value))
+    return len(value) if isinstance(value, str) else 0
 
 
 class Slots:
-    """At most `limit` holders at once; waiters are served first come, first served (an
-    asyncio.Semaphore cannot shrink)."""
+    """At most `limit` holders, first come first served (an asyncio.Semaphore cannot shrink)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -83,8 +78,7 @@ class Slots:
 
 class Budget:
     """`per_minute` units (requests or tokens) as an even pace over all the section's URLs (a
-    generic cell rate: each send moves the next free time on by cost / rate), not a bucket that
-    fills for a minute, so no burst breaks a server that enforces its limit over seconds."""
+    generic cell rate), not a bucket that fills for a minute: no bursts (docs/design.md)."""
 
     def __init__(self, per_minute: float) -> None:
         self.rate = per_minute / 60.0
@@ -108,15 +102,12 @@ _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 def parse_duration(text: str | None) -> float | None:
-    """OpenAI's reset times ("1s", "6m0s", "20ms", "1h2m3.5s"), or plain seconds; None when
-    unreadable."""
+    """OpenAI's reset times ("1s", "6m0s", "20ms", "1h2m3.5s") or seconds; None if unreadable."""
     if not text:
         return None
     text = text.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(text))
-    except ValueError:
-        pass
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
@@ -124,14 +115,11 @@ def parse_duration(text: str | None) -> float | None:
 
 
 def parse_retry_after(text: str | None) -> float | None:
-    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None when absent or
-    unreadable."""
+    """`Retry-After` as seconds from now (delta-seconds or an HTTP date); None when unreadable."""
     if not text:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(text.strip()))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(text.strip())
     except (TypeError, ValueError):
@@ -140,9 +128,8 @@ def parse_retry_after(text: str | None) -> float | None:
 
 
 def server_wait(headers, refused: bool) -> float | None:
-    """Seconds the server asks the section to wait before sending more: for a refusal (429)
-    its `Retry-After`; else the reset of a limit whose remaining count is 0 (the longer of
-    requests and tokens); for a refusal without those, the longer reset. None: none asked."""
+    """Seconds the server asks the section to wait: a 429's `Retry-After`, else the longer reset
+    of a limit with 0 remaining, else for a 429 the longer reset; None when none is asked."""
     wait = parse_retry_after(headers.get("Retry-After")) if refused else None
     if wait is not None:
         return wait
@@ -158,17 +145,8 @@ def server_wait(headers, refused: bool) -> float | None:
 
 
 class AutoLimit:
-    """The in-flight limit of one URL, found from the replies (a latency gradient, as in TCP
-    Vegas; docs/design.md, "Backends", has the whole rule and why).
-
-    A round is `max(limit, 8)` replies sent under the current limit (twice that after slow
-    start); its mean latency over the lowest round mean seen is the gradient g. Slow start
-    doubles the limit while g < 1.05 and requests wait for slots; then g < 1.05 adds 10%,
-    g > 1.2 sets limit / g (about what the server serves at once), and between them it holds (a
-    queue of up to 20% keeps the server from idling between replies). A 429 or 503 halves it
-    (once a round). The round after a decrease is not judged; every 8th round runs at 3/4 of the
-    limit to read the unloaded latency again (BBR's ProbeRTT). Never below 1 nor above `most`.
-    """
+    """The in-flight limit of one URL, found from the replies' latency gradient (as in TCP
+    Vegas); docs/design.md, "Backends", has the whole rule and why. Between 1 and `most`."""
 
     START = 4
     MIN_ROUND = 8
@@ -203,8 +181,7 @@ class AutoLimit:
                                     self.MIN_ROUND):
             return False
         if self._draining:  # sent after a decrease, but queued behind what was sent before
-            self._draining = False
-            return self._set(self.limit)
+            return self._set(self.limit)  # _set ends the draining
         # The mean, not a quantile: by Little's law it is limit / throughput, so it rises with
         # any queue, while a quantile misses a queue that only some requests wait in.
         mean = sum(self._samples) / len(self._samples)
@@ -246,8 +223,7 @@ class AutoLimit:
 
 
 class Limits:
-    """The sending limits of one client (one endpoint section) over all its URLs: the in-flight
-    gate, the budgets, the pauses servers ask for and, under auto, each URL's limit. Keeps
+    """The sending limits of one client (one endpoint section) over all its URLs; keeps
     `rate_limited`, `concurrency_limit` and `url<i>_limit` in the client's `stats`."""
 
     def __init__(self, urls: int, concurrency: int | str, max_concurrency: int,
@@ -290,8 +266,7 @@ class Limits:
         return self.auto[index].limit - self.busy[index]
 
     async def pace(self, data: dict) -> int | None:
-        """Wait until the budgets and any pause let `data` go; its estimated token cost when a
-        token budget is kept."""
+        """Wait for the budgets and any pause; `data`'s estimated cost under a token budget."""
         cost = estimated_tokens(data) if self._tokens else None
         if self._resumed_at is None:
             self._resumed_at = time.monotonic()
@@ -313,8 +288,7 @@ class Limits:
 
     def heed(self, url: str, index: int, epoch: int, status: int, headers, reply: bytes,
              cost: int | None, latency_s: float) -> None:
-        """What a reply tells the limits: a pause the server asks for, the tokens it counted,
-        and (under auto) the latency or refusal of this URL."""
+        """What a reply tells: a pause asked for, tokens used, (under auto) latency or refusal."""
         refused = status == 429
         wait = server_wait(headers, refused)
         if refused:
@@ -335,27 +309,23 @@ class Limits:
             used = usage_tokens(reply)
             if used is not None:
                 self._tokens.correct(used - cost)
-        if not self.auto:
+        if not self.auto or status not in (200, 429, 503):
             return
         auto = self.auto[index]
-        if refused or status == 503:
+        if status != 200:
             changed = auto.on_refusal(epoch)
-        elif status == 200:
+        else:
             if self.slots.waiters and not self._waiting:
                 auto.demand = True
             changed = auto.on_reply(epoch, latency_s)
-        else:
-            changed = False
         if changed:
             self._set_cap()
 
     def _learn_budget(self, wait: float) -> None:
-        """A 429 that names its wait, with no request budget set: what the server answered from
-        the first send to the end of this pause is its rate, kept from then on as a request
-        budget, so only the requests in flight at the first 429 are refused. A later 429 under
-        that pace lowers it by 5% (Retry-After in whole seconds ends a pause late, so a second
-        window would measure too low). A client still ramping up (`auto` over slow replies) may
-        learn a pace below the server's; `requests_per_minute` set by hand is never changed."""
+        """A 429 that names its wait, without `requests_per_minute`: the server's rate from the
+        first send to the end of this pause becomes the request budget; a later such 429 lowers
+        it by 5% (Retry-After in whole seconds ends a pause late, so a second window would
+        measure too low)."""
         if not self._learn or not self._answered or self._resumed_at is None:
             return  # the rest of a burst refused together: one pause, one change
         if self._requests is None:
@@ -372,8 +342,7 @@ class Limits:
             self.stats["concurrency_limit"] = self.slots.limit
             return
         self.slots.resize(min(self.max_concurrency, sum(a.limit for a in self.auto)))
-        for i, auto in enumerate(self.auto):
-            self.stats[f"url{i}_limit"] = auto.settled
+        self.stats.update({f"url{i}_limit": auto.settled for i, auto in enumerate(self.auto)})
         self.stats["concurrency_limit"] = min(self.max_concurrency,
                                               sum(a.settled for a in self.auto))
 
@@ -382,11 +351,9 @@ def usage_tokens(reply: bytes) -> int | None:
     """The tokens a reply's `usage` counts (total, else prompt + completion), if it has one."""
     try:
         usage = json.loads(reply).get("usage")
+        total = usage.get("total_tokens")
     except (ValueError, AttributeError):
         return None
-    if not isinstance(usage, dict):
-        return None
-    total = usage.get("total_tokens")
     if isinstance(total, int):
         return total
     parts = [p for p in (usage.get("prompt_tokens"), usage.get("completion_tokens"))

@@ -103,8 +103,7 @@ class LlamaCppBackend(Backend):
 
     def render(self, conversation: Conversation, prefill: str | None = None) -> str:
         """The prompt text: chat template with the generation prompt, then the prefill."""
-        text = self._formatter(messages=conversation).prompt
-        return text + (prefill or "")
+        return self._formatter(messages=conversation).prompt + (prefill or "")
 
     def generate(self, conversations: list[Conversation], params: SamplingParams, *, n: int = 1,
                  seed: int = 0, prefill: str | list[str] | None = None) -> list[list[Completion]]:
@@ -121,18 +120,13 @@ class LlamaCppBackend(Backend):
                 rendered.append(f"llama.cpp: cannot render the prompt: {exc}")
         split = shared_prefix_length([r for r in rendered if not isinstance(r, str)])
         self._prefix = None  # per call: the weights or the template may differ next time
-        results = []
-        for i, tokens in enumerate(rendered):
-            seeds = [sample_seed(seed, i, j) for j in range(n)]
-            if isinstance(tokens, str):
-                results.append(_failed(n, 0, tokens))
-            else:
-                results.append(self._generate_one(tokens, params, seeds, split))
-        return results
+        seeds = [[sample_seed(seed, i, j) for j in range(n)] for i in range(len(rendered))]
+        return [_failed(n, 0, tokens) if isinstance(tokens, str)
+                else self._generate_one(tokens, params, s, split)
+                for tokens, s in zip(rendered, seeds, strict=True)]
 
-    def _generate_one(
-        self, tokens: list[int], params: SamplingParams, seeds: list[int], split: int = 0
-    ) -> list[Completion]:
+    def _generate_one(self, tokens: list[int], params: SamplingParams, seeds: list[int],
+                      split: int) -> list[Completion]:
         n_ctx = self.llama.n_ctx()
         if len(tokens) >= n_ctx:
             error = f"llama.cpp: prompt of {len(tokens)} tokens exceeds n_ctx={n_ctx}"
@@ -187,9 +181,7 @@ class LlamaCppBackend(Backend):
         )
 
     def close(self) -> None:
-        close = getattr(self.llama, "close", None)
-        if close is not None:
-            close()
+        self.llama.close()
 
 
 def _failed(n: int, prompt_tokens: int, error: str) -> list[Completion]:

@@ -4,6 +4,8 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import os
+
 MIN_PREFIX_TOKENS = 32
 """Below this a shared prefix is not worth the copy (a policy prompt shares only the template)."""
 
@@ -14,16 +16,11 @@ def common_prefix_length(token_lists: list[list[int]]) -> int:
     if not token_lists:
         return 0
     limit = min(len(ids) for ids in token_lists) - 1
-    first = token_lists[0]
-    length = 0
-    while length < limit and all(ids[length] == first[length] for ids in token_lists):
-        length += 1
-    return max(length, 0)
+    return max(0, min(limit, len(os.path.commonprefix(token_lists))))  # any sequences, not paths
 
 
 def shared_prefix_length(token_lists: list[list[int]]) -> int:
-    """The prefix every prompt of a call shares, 0 when not worth reusing (fewer than two
-    prompts, or fewer than MIN_PREFIX_TOKENS shared)."""
+    """The prefix every prompt of a call shares; 0 below MIN_PREFIX_TOKENS or with one prompt."""
     length = common_prefix_length(token_lists) if len(token_lists) >= 2 else 0
     return length if length >= MIN_PREFIX_TOKENS else 0
 
@@ -37,24 +34,20 @@ class PrefixCache:
 
         self.prefix_ids = list(prefix_ids)
         ids = torch.tensor([self.prefix_ids], dtype=torch.long, device=model.device)
-        cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache(config=model.config)
         with torch.inference_mode(), adapter_context():
-            model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=self.cache,
                   use_cache=True)
-        self.cache = cache
         self.config = model.config
 
     def __len__(self) -> int:
         return len(self.prefix_ids)
 
     def batch(self, suffixes: list[list[int]], pad_id: int, max_new_tokens: int):
-        """(input_ids, attention_mask, cache) for one batch of suffixes after the prefix.
-
-        The cache is a `StaticCache` sized for the whole call (prefix, widest suffix, new
-        tokens), its first positions holding the prefix for every row. A growing cache would
-        copy every layer's keys and values into a new tensor at each new token: on a CPU that
-        copying took a third of each judge decoding step.
-        """
+        """(input_ids, attention_mask, cache) for one batch of suffixes after the prefix; the
+        cache a `StaticCache` sized for the whole call, the prefix first in every row. (A growing
+        cache copies every layer's keys and values at each new token: on a CPU, a third of each
+        judge decoding step.)"""
         import torch
         from transformers import StaticCache
 

@@ -37,15 +37,13 @@ class TransformersBackend(Backend):
     @classmethod
     def load(cls, name: str, batch_size: int = 8, adapter: str | None = None,
              dtype: str = "auto") -> TransformersBackend:
-        """Load `name` (and attach the LoRA `adapter` folder, if given) in `dtype` through
-        `wim.models.load_causal_lm`, the same path the pipeline uses."""
+        """Load `name` (with the LoRA `adapter` folder) in `dtype` as the pipeline does."""
         model, tokenizer = load_causal_lm(name, adapter=adapter, dtype=dtype)
         return cls(model, tokenizer, batch_size=batch_size, label=name)
 
     def reference_view(self, batch_size: int | None = None) -> TransformersBackend:
-        """The same weights with any LoRA adapter disabled (`adapters_off`): the frozen
-        reference, no copy. LoRA layers that cannot be switched off are refused rather than
-        silently judged with the adapter on."""
+        """The same weights with any LoRA adapter disabled (`adapters_off`), no copy; LoRA
+        layers that cannot be switched off are refused, not silently judged with."""
         peft = callable(getattr(self.model, "disable_adapter", None))
         if not (peft or _tuner_layers(self.model)) and _has_lora_layers(self.model):
             raise RuntimeError(
@@ -63,8 +61,7 @@ class TransformersBackend(Backend):
 
     @property
     def context_tokens(self) -> int | None:
-        """The model's position limit (`max_position_embeddings`), or the tokenizer's
-        `model_max_length` when that is smaller and set."""
+        """The smaller of `max_position_embeddings` and the tokenizer's `model_max_length`."""
         limits = [getattr(self.model.config, "max_position_embeddings", None),
                   getattr(self.tokenizer, "model_max_length", None)]
         limits = [int(x) for x in limits if x and x < 10_000_000]  # 1e30 means "not set"
@@ -75,9 +72,8 @@ class TransformersBackend(Backend):
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def render(self, conversation: Conversation, prefill: str | None = None) -> str:
-        text = self.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
-        )
+        text = self.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                  add_generation_prompt=True)
         return text + (prefill or "")
 
     def generate(self, conversations, params, *, n=1, seed=0, prefill=None):
@@ -105,8 +101,7 @@ class TransformersBackend(Backend):
         return results  # type: ignore[return-value]
 
     def _prefix_cache(self, token_ids: list[list[int]], n: int):
-        """The KV cache of the prefix all prompts share, or None (reuse off, several samples
-        per prompt, or a prefix too short to pay for itself)."""
+        """The shared prefix's KV cache; None without reuse, with n > 1 or a prefix too short."""
         if not (self.reuse_prefix and n == 1 and (length := shared_prefix_length(token_ids))):
             return None
         return PrefixCache(self.model, token_ids[0][:length], self._adapter_context)
@@ -120,10 +115,9 @@ class TransformersBackend(Backend):
         return enc.input_ids.to(self.model.device), enc.attention_mask.to(self.model.device), None
 
     def _generate(self, inputs, params: SamplingParams, n: int, processors, criteria):
-        """New tokens from `transformers`' `generate`, n rows per prompt (laid out as its
-        `num_return_sequences` would); with a cache in `inputs` (holding the shared prefix) it
-        reads only the uncached tail of the input ids. Sampling draws in decode.py's
-        `CandidateSampler`, generate's own warpers only for settings the sampler lacks."""
+        """New tokens from `generate`, n rows per prompt (as `num_return_sequences` lays them
+        out; with a cache in `inputs` it reads only the ids after the cached prefix); sampling
+        draws in decode.py's `CandidateSampler` unless it lacks a setting."""
         from wim.backends.decode import CandidateSampler, unsupported_settings
 
         input_ids, attention_mask, cache = inputs
@@ -134,8 +128,7 @@ class TransformersBackend(Backend):
                       pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.end_ids())
         config = self.model.generation_config
         if params.temperature > 0 and not unsupported_settings(config):
-            processors = [*processors,
-                          CandidateSampler(config, params.temperature, params.top_p)]
+            processors = [*processors, CandidateSampler(config, params.temperature, params.top_p)]
         elif params.temperature > 0:
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
         if params.stop:
@@ -149,9 +142,8 @@ class TransformersBackend(Backend):
         return out[:, input_ids.shape[1]:]
 
     def end_ids(self) -> list[int]:
-        """The tokens that end a completion: the model's generation config lists them (Llama-3
-        and Qwen list several), else the tokenizer's end-of-sequence token. `generate`, the format
-        guide and the token count use this one list."""
+        """The tokens that end a completion, for `generate`, the format guide and the count: the
+        generation config's (Llama-3 and Qwen list several), else the tokenizer's EOS."""
         from wim.backends.decode import end_tokens
 
         ids = end_tokens(self.model.generation_config)
@@ -203,11 +195,10 @@ def length_groups(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def adapters_off(model):
-    """Run the block with every LoRA adapter of `model` disabled, then restore them: a peft
-    `PeftModel` by its `disable_adapter()`; an adapter attached by transformers' PEFT integration
-    (`load_adapter`) one peft tuner layer at a time, as its `disable_adapters()` does (which
-    demands peft >= 0.22 in transformers 5.24 while the stack pins peft 0.21), restoring the
-    trainable flags afterwards."""
+    """Run the block with every LoRA adapter of `model` disabled: a `PeftModel` by its
+    `disable_adapter()`; one attached by transformers' `load_adapter` layer by layer, as its
+    `disable_adapters()` does (which demands peft >= 0.22 in transformers 5.24 while the stack
+    pins peft 0.21), restoring the trainable flags afterwards."""
     if callable(getattr(model, "disable_adapter", None)):
         with model.disable_adapter():
             yield
