@@ -74,12 +74,9 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def sha256(self, sections: tuple[str, ...] | None = None) -> str:
-        """sha256 of the sorted-key config (or of some sections only)."""
-        data = self.to_dict()
-        if sections is not None:
-            data = {k: data[k] for k in sections}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    def sha256(self) -> str:
+        """sha256 of the sorted-key config."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
 def judge_http(cfg: Config) -> HTTPConfig:

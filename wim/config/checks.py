@@ -1,8 +1,6 @@
-"""Range and combination checks of a loaded config (see __init__.py). The allowed values of a
-string field are its `Literal` type, beside the field, checked as it loads (yaml_dataclasses.py).
-
-Each failure raises `ConfigError` naming the dotted key, what was expected and the value, so
-a bad value is reported before any model is loaded.
+"""Range and combination checks of a loaded config, before any model loads: each failure is a
+`ConfigError` naming the dotted key, what was expected and the value. A string field's allowed
+values are its `Literal` type, checked as it loads (yaml_dataclasses.py).
 """
 
 from __future__ import annotations
@@ -29,6 +27,11 @@ _NOT_NEGATIVE = ("generation.temperature", "judge.max_retries", "prompts.holdout
                  "refine.dynamic.stability_eps")
 _AT_LEAST_ONE = ("refine.max_attempts", "refine.ensemble_n", "refine.dynamic.reject_streak",
                  "refine.dynamic.window", "refine.dynamic.stability_window")
+# (keys, the test that fails a value, what the message says is expected), checked in this order
+_RANGES = ((_POSITIVE, lambda v: v <= 0, "be positive"),
+           (_POSITIVE_OR_NULL, lambda v: v is not None and v <= 0, "be positive or null"),
+           (_NOT_NEGATIVE, lambda v: v < 0, "be >= 0"),
+           (_AT_LEAST_ONE, lambda v: v < 1, "be at least 1"))
 _LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 
 
@@ -51,18 +54,10 @@ def validate(cfg, source: str = "config") -> None:
     if cfg.generation.k < 2:
         fail("generation.k", "be at least 2 (a pair needs two samples of one prompt)",
              cfg.generation.k)
-    for key in _POSITIVE:
-        if _get(cfg, key) <= 0:
-            fail(key, "be positive", _get(cfg, key))
-    for key in _POSITIVE_OR_NULL:
-        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
-            fail(key, "be positive or null", _get(cfg, key))
-    for key in _NOT_NEGATIVE:
-        if _get(cfg, key) < 0:
-            fail(key, "be >= 0", _get(cfg, key))
-    for key in _AT_LEAST_ONE:
-        if _get(cfg, key) < 1:
-            fail(key, "be at least 1", _get(cfg, key))
+    for keys, bad, expected in _RANGES:
+        for key in keys:
+            if bad(_get(cfg, key)):
+                fail(key, expected, _get(cfg, key))
     if cfg.http.concurrency != "auto" and cfg.http.concurrency <= 0:
         fail("http.concurrency", "be positive or 'auto'", cfg.http.concurrency)
     if cfg.dpo.save_steps < 0:
@@ -102,11 +97,10 @@ def _validate_combinations(cfg, fail) -> None:
         fail("http.adapter_serving", "be 'none' unless policy.backend is 'http'",
              cfg.http.adapter_serving)
     own = cfg.judge.http
-    if any(getattr(own, k) is not None for k in vars(own)) and not (
-            cfg.judge.role == "external" and cfg.judge.backend == "http"):
+    given = {k: v for k, v in vars(own).items() if v is not None}
+    if given and not (cfg.judge.role == "external" and cfg.judge.backend == "http"):
         fail("judge.http", "be left empty unless judge.role is 'external' and judge.backend "
-             "is 'http' (fixed and changing judges are the policy and answer where it does)",
-             {k: v for k, v in vars(own).items() if v is not None})
+             "is 'http' (fixed and changing judges are the policy and answer where it does)", given)
     if cfg.training.mode == "online" and (cfg.policy.backend != "transformers"
                                           or cfg.judge.role == "external"):
         fail("training.mode", "be 'offline' unless policy.backend is 'transformers' and "

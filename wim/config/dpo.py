@@ -42,10 +42,9 @@ class DPOSection:
     """Save a checkpoint every this many steps (and at the end), so that a killed training
     resumes from its last checkpoint when the same command runs again; 0: no checkpoints."""
     reference_pass: Literal["auto", "precompute", "per_step"] = "auto"
-    """The reference model's log-probabilities (the base, adapter off): `precompute` them in
-    one pass over the pairs before training (TRL's precompute_ref_log_probs), or compute them
-    `per_step`; `auto` precomputes when training passes over the pairs more than once
-    (max_steps x batch x accumulation x processes > pairs), where it saves reference passes."""
+    """The reference log-probabilities (base, adapter off): `precompute` before training, or
+    `per_step`; `auto` precomputes when training sees the pairs more than once (docs/design.md,
+    "Training")."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Any other trl.DPOConfig field, by its name (checked against the installed TRL)."""
 
@@ -55,17 +54,14 @@ class TrainingConfig:
     """How training feeds back into sampling and judging (rounds), and where it runs."""
 
     rounds: int = 1
-    """Iterations of sample -> judge -> score -> pairs -> train. In round r the policy is the
-    base plus the adapter of round r-1; the changing judge judges with that adapter on, the
-    fixed judge with it off. 1: one pass in the run directory itself; more: DIR/rounds/<r>/."""
+    """Iterations of sample -> judge -> score -> pairs -> train, each sampling with the previous
+    round's adapter (docs/design.md, "Training"). 1: one pass; more: DIR/rounds/<r>/."""
     adapter: Literal["continue", "fresh"] = "continue"
-    """Each round after the first: `continue` training the previous round's adapter (its
-    reference is that adapter's state at the round's start) or train a `fresh` one on the base
-    (the next round's policy is base + the fresh adapter)."""
+    """Each round after the first: `continue` training the previous round's adapter (the
+    reference: its state at the round's start) or train a `fresh` one on the base."""
     mode: Literal["offline", "online"] = "offline"
-    """`offline`: DPO on the pairs of each round (trl.DPOTrainer). `online`: TRL's
-    OnlineDPOTrainer samples 2 completions per prompt each step and the WIM score of the judge
-    (judge.role fixed: adapter off; changing: the live model) is its reward."""
+    """`offline`: DPO on the pairs of each round (trl.DPOTrainer). `online`: OnlineDPOTrainer
+    samples 2 completions per prompt each step, the judge's WIM score their reward."""
     online_tie_policy: Literal["drop", "first"] = "drop"
     """Online mode, two completions that tie (pairs.tie_tolerance): `drop` the pair from the
     loss, or take the `first` as chosen (TRL's own rule, and the authors' code). Counted."""

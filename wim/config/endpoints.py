@@ -1,7 +1,5 @@
-"""OpenAI-compatible endpoints: the `http:` section (the policy's, and the default of every
-backend set to `http`) and `EndpointConfig`, the one shape of `judge.http`, `scoring.http` and
-`blind.http`: each field left null takes its value from `http:` (`endpoint`, the one rule).
-"""
+"""OpenAI-compatible endpoints: the `http:` section (the policy's, and every http backend's
+default) and `EndpointConfig`, the shape of `judge.http`, `scoring.http` and `blind.http`."""
 
 from __future__ import annotations
 
@@ -26,27 +24,21 @@ class HTTPConfig:
     requests_per_minute: float | None = None
     """A budget of requests a minute over all URLs, sent at an even pace; null: none."""
     tokens_per_minute: float | None = None
-    """A budget of tokens a minute over all URLs: each request counts its prompt (characters
-    / 4) plus `max_tokens` before it goes, corrected by the reply's `usage`; null: none."""
+    """A budget of tokens a minute over all URLs (docs/design.md, "Backends"); null: none."""
     timeout_s: float = 60.0
     """Seconds to wait for one reply before it counts as a timeout (and is retried)."""
     max_retries: int = 4
-    """Retries with exponential backoff on timeouts and 5xx. A 429 is not one: every request
-    pauses until the server's `Retry-After` / `x-ratelimit-reset-*`, then it goes again."""
+    """Retries with exponential backoff on timeouts and 5xx (a 429 waits, and is not one)."""
     context_tokens: int | None = None
-    """The server model's context length, if known. Without a tokenizer, a prompt's length is
-    estimated as characters / 3 (on the safe side); null: no check, the server decides."""
+    """The server model's context length, if known (a prompt's length estimated as characters
+    / 3); null: no check, the server decides."""
     adapter_serving: Literal["none", "vllm"] = "none"
-    """`vllm`: after each round's training the run registers the new LoRA adapter with the
-    server (`POST /v1/load_lora_adapter`; vLLM with `--enable-lora` and
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a name unique to the run and round, and the
-    next round samples by that name (so `training.rounds` > 1 works with an http policy); the
-    changing judge uses it too, the fixed judge the base `model`. `wim eval` / `wim compare`
-    generate each system's answers by its adapter's name. `none`: adapters stay local."""
+    """`vllm`: each round's new LoRA adapter is registered with the server (vLLM with
+    `--enable-lora`, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and sampled by its name, so
+    `training.rounds` > 1 works with an http policy (docs/design.md, "Backends"). `none`: local."""
     server_paths: dict[str, str] = field(default_factory=dict)
     """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
-    {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}. An adapter folder under a
-    local prefix is sent with the server's prefix instead; empty: the same paths."""
+    {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}; empty: the same paths."""
 
 
 @dataclass

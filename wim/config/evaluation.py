@@ -23,10 +23,9 @@ class BlindConfig:
     mode: Literal["pairwise", "pointwise"] = "pairwise"
     """`pairwise` (both orders; disagreement is a tie) or `pointwise` (a 1-10 score each)."""
     verdict: Literal["weighted", "hard"] = "weighted"
-    """`weighted`: each order's probabilities of A, B and tie at the verdict token (the
-    transformers backend's guided distribution; a server's `top_logprobs`), averaged over both
-    orders into a preference in [0, 1] per prompt; an order without probabilities falls back to
-    its hard verdict (counted). `hard`: the verdict text alone."""
+    """`weighted`: each order's probabilities of A, B and tie at the verdict token, averaged over
+    both orders into a preference in [0, 1] per prompt (docs/design.md, "Blind outcome
+    evaluation"); an order without them counts its hard verdict. `hard`: the text alone."""
     max_new_tokens: int = 48
     """Most tokens per verdict (a one-line reason and the verdict)."""
     max_retries: int = 2
@@ -62,6 +61,5 @@ class EvalConfig:
     never be: the smallest Holm-adjusted p of 10 comparisons on 8 prompts is 0.078); set it
     lower only as an explicit small run."""
     in_run: bool = True
-    """`wim run`: after training, the blind evaluation of the trained policy against its base
-    on the held-out prompts (the `eval` stage: eval.json, shown at the top of the report).
-    Runs only when prompts.holdout > 0; false switches it off."""
+    """`wim run`: after training, blind-evaluate the trained policy against its base on the
+    held-out prompts (eval.json, atop the report) when prompts.holdout > 0; false: not."""

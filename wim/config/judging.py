@@ -23,13 +23,11 @@ class JudgeConfig:
     mode: Literal["wim", "numeric"] = "wim"
     """`wim`: critique of what is missing plus a rating; `numeric`: rating only (cheaper)."""
     prompt: Literal["ours", "authors"] = "ours"
-    """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`: the
-    WIM authors' structure in our words: a short explanation, `[[N]]`, then what is missing as
-    `[[[...]]]` (`[[[]]]` = nothing), instructions in the system turn. Both are parsed."""
+    """`ours`: "Missing: ..." then "Rating: N" (a small judge is walked through it). `authors`:
+    theirs, `[[N]]` then `[[[missing]]]` (`[[[]]]`: nothing), instructions in the system turn."""
     on_parse_failure: Literal["exclude", "authors"] = "exclude"
-    """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors` (their
-    code): an unparseable rating counts as rating_norm 0, a missing critique leaves the rating
-    alone as the score; both counted (`score/fallback_rating`, `score/fallback_critique`)."""
+    """`exclude`: a judgement that fails to parse (after retries) gets no score. `authors`: a
+    fallback score, as their code (docs/design.md, "Judging")."""
     criteria: str = (
         "accuracy, completeness, and the specific facts, steps or caveats a careful expert "
         "would include"
@@ -46,26 +44,22 @@ class JudgeConfig:
     batch_size: int = 8
     """Judgements per batch for a local judge."""
     overlong: Overlong = "truncate"
-    """Judge input (instructions + prompt + response) longer than the judge's context (less
-    max_new_tokens) or max_input_tokens: `truncate` (the prompt is cut from the middle, the
-    response kept whole; judge/truncated) or `skip` (not judged; judge/skipped_overlong)."""
+    """Judge input over the judge's context (less max_new_tokens) or max_input_tokens: `truncate`
+    (the prompt cut from the middle, the response whole) or `skip` (not judged)."""
     max_input_tokens: int | None = None
     """Cap on judge input tokens below the judge's context; null: none."""
     guided_json: bool = True
-    """HTTP judge: ask the server for the verdict as JSON matching the judge's schema
-    (`response_format`; vLLM, SGLang, llama.cpp, OpenAI), falling back to plain text where the
-    server refuses it (`http/judge/guided_refused`). false: plain text only."""
+    """HTTP judge: ask for the verdict as JSON of the judge's schema (`response_format`), plain
+    text where the server refuses it (docs/design.md, "Judging"). false: plain text only."""
     batch: bool = False
-    """External http judge: `wim judge` writes the requests as OpenAI Batch JSONL files
-    (DIR/batch/requests-*.jsonl, for `vllm run_batch` or OpenAI's Batch API) and stops; `wim
-    judge DIR --batch-results OUT...` then takes the answers in (docs/design.md, "Judging")."""
+    """External http judge: `wim judge` writes OpenAI Batch JSONL requests and stops; `wim judge
+    DIR --batch-results OUT...` takes the answers in (docs/design.md, "Judging")."""
     batch_retry: Literal["live", "batch"] = "live"
     """Batch judging: a judgement that fails to parse is asked again `live` (at judge.http), or
     written to DIR/batch/retry-requests-*.jsonl for another batch (`batch`)."""
     http: EndpointConfig = field(default_factory=EndpointConfig)
-    """The external http judge's own endpoint (`judge.backend: http`), field by field
-    defaulting to `http:`; then the policy samples on one server and the judge answers on
-    another. Fixed and changing judges are the policy and answer where it does."""
+    """The external http judge's own endpoint (`judge.backend: http`), each null field from
+    `http:` (fixed and changing judges are the policy and answer where it does)."""
 
 
 @dataclass
@@ -82,13 +76,11 @@ class ScoringConfig:
     stored and their scores appended to scores.jsonl. With `backend: http`: texts per request,
     and as many batches at once as `scoring.http.concurrency` lets requests be in flight."""
     dtype: Dtype = "auto"
-    """The in-process embedder's dtype: `auto` (bfloat16 on a GPU or a CPU that computes it
-    natively, else float32: the policy's rule, wim/precision.py), `float32` or `bfloat16`.
-    Similarities of another dtype are computed afresh, never mixed with stored ones."""
+    """The in-process embedder's dtype, by the policy's rule (see `policy.dtype`); similarities
+    of another dtype are computed afresh, never mixed with stored ones."""
     backend: Literal["sentence_transformers", "http"] = "sentence_transformers"
     """`sentence_transformers` (in process, on the GPU when there is one) or `http`: an
-    OpenAI-compatible `/v1/embeddings` (vLLM `--runner pooling`, TEI, OpenAI) at
-    `scoring.http`."""
+    OpenAI-compatible `/v1/embeddings` (vLLM `--runner pooling`, TEI, OpenAI) at scoring.http."""
     http: EndpointConfig = field(default_factory=EndpointConfig)
     """With `backend: http`: the embeddings server, field by field as `judge.http` (each null
     field from `http:`; the model name: `scoring.http.model`, else `http.model`)."""
@@ -97,8 +89,7 @@ class ScoringConfig:
 @dataclass
 class PairsConfig:
     strategy: Literal["best_vs_worst", "best_vs_random", "all"] = "best_vs_worst"
-    """`best_vs_worst`, `best_vs_random` (best vs a random lower sample) or `all` (all
-    non-tied pairs)."""
+    """`best_vs_worst`, `best_vs_random` (best vs a random lower one) or `all` (non-tied pairs)."""
     tie_policy: Literal["drop", "first", "random"] = "drop"
     """When the best and worst tie: `drop` the prompt, keep the `first` sample order, or pick
     at `random`."""

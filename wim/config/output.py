@@ -1,5 +1,4 @@
-"""The sections of what a run hands out: the report page (`report`) and the dataset card of
-the pairs (`card`)."""
+"""What a run hands out: the report page (`report:`) and the pairs' dataset card (`card:`)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,8 @@ from dataclasses import dataclass
 @dataclass
 class ReportConfig:
     browser_prompts: int = 500
-    """Prompts shown in report.html's critique browser, at most: every prompt with a failed
-    judgement first, then a seeded sample of the others (the page says "showing N of M"). The
-    full data stays in scores.jsonl and pairs.jsonl; a 100k-prompt page stays a few MB."""
+    """Prompts shown in report.html's critique browser, at most (failed judgements first, then a
+    seeded sample), so that a 100k-prompt page stays a few MB (docs/design.md, "The report")."""
 
 
 @dataclass

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 Dtype = Literal["auto", "float32", "bfloat16"]
-"""Compute dtypes of every model section (`auto`: bfloat16 where the device computes it natively,
-float32 elsewhere; wim/precision.py decides)."""
+"""Compute dtypes of every model section (`auto`: wim/precision.py decides)."""
 DTYPES = get_args(Dtype)
 Backend = Literal["transformers", "llama_cpp", "http"]
 """Where a model runs: policy, external judge, blind evaluator and cross-model E_L."""
@@ -21,8 +20,7 @@ SOURCE_COLUMN_KEYS = ("prompt", "id", "domain", "responses", "completions", "mod
 @dataclass
 class PromptsConfig:
     source: str = "bundled"
-    """`bundled` (64 prompts over 8 domains), a local .jsonl/.csv/.parquet file, or a
-    datasets name."""
+    """`bundled` (64 prompts over 8 domains), a .jsonl/.csv/.parquet file or a datasets name."""
     split: str = "train"
     """Split to read when `source` is a datasets name."""
     limit: int | None = None
@@ -43,11 +41,10 @@ class PolicyConfig:
     `load_adapter` (transformers backend only): the changing judge runs with it, the fixed judge
     without it. `wim train` still trains a fresh adapter on `model`."""
     dtype: Dtype = "auto"
-    """What the local model computes in (sampling, the fixed and changing judges, training):
-    `auto` (bfloat16 where the device computes it natively: GPUs from Ampere on, CPUs with AMX or
-    AVX512-BF16; float32 elsewhere, where bfloat16 is emulated and slower), `float32` or `bfloat16`.
-    Training in bfloat16 is mixed precision: bfloat16 compute, float32 adapter weights. The run
-    records what `auto` resolved to; a resumed run refuses another dtype."""
+    """What the local model computes in (sampling, fixed and changing judges, training): `auto`
+    (bfloat16 where the device computes it natively, else float32; docs/design.md, "Module
+    notes", wim/precision.py), `float32` or `bfloat16` (training: float32 adapter weights). The
+    run records what `auto` resolved to; a resumed run refuses another dtype."""
 
 
 @dataclass
@@ -64,22 +61,19 @@ class GenerationConfig:
     """Prompts per batch; batches are fixed by the prompt order, so resumed and sharded runs
     reproduce the same samples."""
     overlong: Overlong = "truncate"
-    """A prompt longer than the policy's context (less max_new_tokens) or max_prompt_tokens:
-    `truncate` (cut from the middle to fit, counted as generate/truncated) or `skip` (not
-    sampled, counted as generate/skipped_overlong)."""
+    """A prompt over the policy's context (less max_new_tokens) or max_prompt_tokens: `truncate`
+    (cut from the middle; generate/truncated) or `skip` (generate/skipped_overlong)."""
     max_prompt_tokens: int | None = None
     """Cap on prompt tokens below the model's context (long prompts are slow); null: none."""
     source: str | None = None
-    """Existing responses to judge instead of sampling (wim/sources.py): a .jsonl/.json/.csv/
-    .parquet file, a folder saved with `save_to_disk`, or a datasets name. The prompts come
-    with it (prompts.source stays `bundled`; prompts.limit still applies); the settings above
-    are then unused and no policy samples. null: the policy samples k responses per prompt."""
+    """Existing responses to judge instead of sampling (docs/design.md, "Responses from a
+    source"): a file, a `save_to_disk` folder or a datasets name; the prompts come with it
+    (prompts.limit still applies). null: the policy samples k responses per prompt."""
     source_split: str = "train"
     """Split to read when `source` is a datasets name or a saved DatasetDict."""
     source_shape: Literal["auto", "responses", "ultrafeedback", "preference"] = "auto"
-    """`responses` (a prompt and a list of responses), `ultrafeedback` (a prompt and
-    `completions`: objects with a model name, a response and a rating), `preference` (prompt,
-    chosen, rejected: each side becomes a sample and keeps its label), or `auto` (by columns)."""
+    """`responses`, `ultrafeedback` or `preference` (each side a sample that keeps its label),
+    or `auto` (by columns); docs/design.md, "Module notes", wim/sources.py."""
     source_columns: dict[str, str] = field(default_factory=dict)
     """Column and key names where the source differs: prompt (default `prompt`, else
     `instruction`), id, domain, responses, completions, model, response, rating

@@ -1,7 +1,5 @@
-"""YAML into nested dataclasses, with errors that name the file and the dotted key.
-
-Generic: it knows nothing of wim's sections (the modules beside it declare them). A field
-typed `Literal[...]` accepts only those values: the choices sit beside the field they limit.
+"""YAML into nested dataclasses, with errors that name the file and the dotted key. Generic:
+wim's sections are declared beside it; a `Literal[...]` field accepts only those values.
 """
 
 from __future__ import annotations
@@ -26,11 +24,9 @@ def build_dataclass(cls: type, data: Any, path: str, source: str):
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else str(key)
         if key not in names:
-            known = ", ".join(sorted(names))
-            raise ConfigError(
-                f"{source}: unknown key '{dotted}'. Known keys here: {known}. "
-                "Check the spelling against configs/quickstart.yaml."
-            )
+            raise ConfigError(f"{source}: unknown key '{dotted}'. Known keys here: "
+                              f"{', '.join(sorted(names))}. Check the spelling against "
+                              "configs/quickstart.yaml.")
         kwargs[key] = _coerce(hints[key], value, dotted, source)
     return cls(**kwargs)
 

@@ -1,8 +1,5 @@
-"""The data of the critique browser in report.html: one entry per preference pair, plus one per
-prompt that gave no pair (its best and worst samples tied, or too few judgements parsed), for
-at most `report.browser_prompts` prompts (failed judgements first, then a seeded sample), so
-that the page of a 100k-prompt run stays a few MB; the full data stays in the jsonl files.
-More: docs/design.md, "Module notes".
+"""The data of the critique browser in report.html, for at most `report.browser_prompts`
+prompts. More: docs/design.md, "The report" and "Module notes".
 """
 
 from __future__ import annotations
@@ -37,12 +34,9 @@ def _side(record: dict[str, Any], label: str, zeta: float) -> dict[str, Any]:
 
 def browser_entries(run: RunDir, zeta: float, tie_tolerance: float, limit: int | None = None,
                     seed: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """(entries, prompts in the run) of the prompts `_choose` picks, in prompt order; the
-    records are indexed (offsets) and only those prompts' records and pair rows are read.
-    `kind` is `pair` (a row of pairs.jsonl), `tie` (a prompt whose best and worst samples tied:
-    no pair) or `unpaired` (fewer than two judgements parsed). `tie` and `failed` mark ties
-    (also a kept tie, under `pairs.tie_policy` first/random) and prompts with a judgement that
-    failed to parse; `numeric_tie` marks a pair whose ratings alone would have tied."""
+    """(entries, prompts in the run) of the prompts `_choose` picks, in prompt order; only
+    their records and pair rows are read. Besides `kind`, `tie` also marks a kept tie
+    (`pairs.tie_policy` first/random) and `numeric_tie` a pair whose ratings alone tied."""
     index = RecordIndex(run.scores)
     if not len(index):
         index = RecordIndex(run.judgements)

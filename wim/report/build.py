@@ -9,7 +9,7 @@ from typing import Any
 from wim.config import Config
 from wim.markdown import markdown_table, md_cell
 from wim.metrics import JudgeStatistics, PairStatistics, domain_name
-from wim.records import RecordIndex, RecordsError, iter_keyed
+from wim.records import RecordIndex, iter_keyed
 from wim.report.sections import (
     agreement_lines,
     collect_rounds,
@@ -57,13 +57,13 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report.update(judge.result())
     report.update(pairs.result())
     report.update({"tokens/generated": report.get("tokens/policy/out", 0),
-                   "judge/role": cfg.judge.role, "judge/model": judge_model})
-    if served:
-        report["judge/served_model"] = ", ".join(sorted(served))
-    report.update({"judge/mode": cfg.judge.mode, "policy/model": cfg.policy.model,
+                   "judge/role": cfg.judge.role, "judge/model": judge_model,
+                   "judge/mode": cfg.judge.mode, "policy/model": cfg.policy.model,
                    "score/embedder": cfg.scoring.embedder, "judge/prompt": cfg.judge.prompt,
                    "score/on_parse_failure": cfg.judge.on_parse_failure,
                    "score/zeta": cfg.scoring.zeta})
+    if served:
+        report["judge/served_model"] = ", ".join(sorted(served))
     agreement = read_agreement(run)
     for system, row in (agreement or {}).get("systems", {}).items():
         for key in ("accuracy", "tie_share", "n", "failures"):
@@ -95,27 +95,18 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     run.file("report.md").write_text(markdown)
     entries, prompts = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance,
                                        cfg.report.browser_prompts, cfg.seed)
-    run.file("report.html").write_text(
-        render_html(markdown, run.path, entries, small_judge=is_small_judge(clean),
-                    total_prompts=prompts))
+    run.file("report.html").write_text(render_html(
+        markdown, run.path, entries, small_judge=clean.get("judge/model") in SMALL_JUDGES,
+        total_prompts=prompts))
     return clean
-
-
-def is_small_judge(r: dict[str, Any]) -> bool:
-    return r.get("judge/model") in SMALL_JUDGES
 
 
 def read_evaluation(run: RunDir) -> dict[str, Any] | None:
     """DIR/eval.json (written by `wim eval`), checked for the keys the report reads."""
-    found = read_run_json(run, "eval.json", "wim eval")
-    if found is None:
-        return None
-    path, data = found
-    comparisons = data.get("comparisons") if isinstance(data, dict) else None
-    if not isinstance(comparisons, list) or not all(isinstance(c, dict) for c in comparisons):
-        raise RecordsError(f"{path}: expected an object with a 'comparisons' list of objects; "
-                           "run `wim eval` again.")
-    return data
+    return read_run_json(run, "eval.json", "wim eval",
+                         lambda d: (isinstance(d, dict) and isinstance(d.get("comparisons"), list)
+                                    and all(isinstance(c, dict) for c in d["comparisons"])),
+                         "an object with a 'comparisons' list of objects")
 
 
 def _summary_lines(r: dict[str, Any]) -> list[str]:
@@ -128,7 +119,7 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"embedder `{r['score/embedder']}`.",
         "",
     ]
-    if is_small_judge(r):
+    if r.get("judge/model") in SMALL_JUDGES:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     return lines + source_lines(r) + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "

@@ -11,12 +11,12 @@ from typing import Any
 from wim.markdown import markdown_table, md_cell
 
 
-def num(x: Any, digits: int = 3) -> str:
+def num(x: Any) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return "-" if x is None else md_cell(x)
     if isinstance(x, float) and math.isnan(x):
         return "-"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
 def pval(x: Any) -> str:
@@ -60,19 +60,18 @@ def _weighted_kind(doc: dict[str, Any]) -> str:
     return "the evaluator's probability that a is better, averaged over both orders"
 
 
-def verdict_sentence(c: dict[str, Any], alpha: float = 0.05) -> str:
-    """One sentence: what the weighted test of comparison `c` says."""
+def verdict_sentence(c: dict[str, Any]) -> str:
+    """One sentence: what the weighted test of comparison `c` says (at the 0.05 level)."""
     w = c.get("weighted") or {}
     if w.get("preference") is None:
         return "No weighted preference: every verdict failed."
     p = w.get("p_value")
-    side = c.get("a") if w["preference"] > 0.5 else c.get("b")
-    if p is not None and p < alpha:
-        return (f"`{md_cell(side)}` is preferred: weighted win rate {num(w['preference'])} of "
-                f"`{md_cell(c.get('a'))}` over `{md_cell(c.get('b'))}`, p = {pval(p)} "
-                "(unadjusted).")
-    return (f"No significant difference: weighted win rate {num(w['preference'])} of "
-            f"`{md_cell(c.get('a'))}` over `{md_cell(c.get('b'))}`, p = {pval(p)}.")
+    rate = (f"weighted win rate {num(w['preference'])} of `{md_cell(c.get('a'))}` over "
+            f"`{md_cell(c.get('b'))}`, p = {pval(p)}")
+    if p is not None and p < 0.05:
+        side = c.get("a") if w["preference"] > 0.5 else c.get("b")
+        return f"`{md_cell(side)}` is preferred: {rate} (unadjusted)."
+    return f"No significant difference: {rate}."
 
 
 def weighted_lines(doc: dict[str, Any]) -> list[str]:
@@ -153,11 +152,6 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
     return [x for line in lines for x in (line, "")]
 
 
-WEIGHTED_HEAD = ("comparison", "n", "weighted win rate", "t 95% interval", "p", "p (Holm)",
-                 "length-controlled (AlpacaEval 2.0 GLM)",
-                 "from token probabilities / hard / identical")
-
-
 def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
     """One row per comparison: the weighted test, its interval, Holm, the LC rate."""
     if not any(c.get("weighted") for c in comparisons):
@@ -172,15 +166,9 @@ def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
             pval(w.get("p_value")), pval(w.get("p_holm")), num(w.get("lc_win_rate")),
             f"{src.get('guided', 0) + src.get('top_logprobs', 0)} / {src.get('hard', 0)} / "
             f"{src.get('identical', 0)}"])
-    return markdown_table(WEIGHTED_HEAD, rows)
-
-
-TABLE_HEAD = ("comparison", "n", "wins / losses / ties", "failures",
-              "ties: real / order disagreement / identical", "order agreement",
-              "decisive rate (ties out)", "Clopper-Pearson 95% (ties out)",
-              "sign-test p (ties out)", "p (Holm)", "win rate (ties half)",
-              "paired bootstrap 95% (ties half)", "failures as losses / as wins",
-              "length-adjusted (slope)")
+    return markdown_table(("comparison", "n", "weighted win rate", "t 95% interval", "p",
+                           "p (Holm)", "length-controlled (AlpacaEval 2.0 GLM)",
+                           "from token probabilities / hard / identical"), rows)
 
 
 def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
@@ -201,7 +189,12 @@ def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
             pval(c.get("p_value")), pval(c.get("p_holm")), num(c.get("win_rate")), boot,
             f"{num(s.get('failures_as_losses'))} / {num(s.get('failures_as_wins'))}",
             f"{num(c.get('length_adjusted_win_rate'))} ({num(c.get('length_slope'))})"])
-    return markdown_table(TABLE_HEAD, rows)
+    return markdown_table(("comparison", "n", "wins / losses / ties", "failures",
+                           "ties: real / order disagreement / identical", "order agreement",
+                           "decisive rate (ties out)", "Clopper-Pearson 95% (ties out)",
+                           "sign-test p (ties out)", "p (Holm)", "win rate (ties half)",
+                           "paired bootstrap 95% (ties half)", "failures as losses / as wins",
+                           "length-adjusted (slope)"), rows)
 
 
 LEGEND = ("Sign test: exact two-sided binomial test of wins against losses, ties left out; its "
@@ -232,9 +225,8 @@ WEIGHTED_LEGEND = ("Weighted win rate: the mean over prompts of p, the evaluator
 
 
 def evaluation_body(doc: dict[str, Any], after_lead: list[str] = ()) -> list[str]:
-    """Warnings, the picture of the primary comparison's preferences (the doc's `picture`, a
-    path set where it was drawn), the weighted lead (then `after_lead`), the hard-verdict
-    primary comparison, every comparison."""
+    """In reading order: warnings, the doc's `picture` (a path, set where it was drawn), the
+    weighted lead, `after_lead`, the hard-verdict primary comparison, every comparison."""
     comparisons = doc.get("comparisons", [])
     weighted = weighted_table(comparisons)
     return [*header_lines(doc), *figure_lines(doc.get("picture")), *weighted_lines(doc),

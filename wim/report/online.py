@@ -13,15 +13,10 @@ from wim.rundir import RunDir
 
 def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
                         steps: list[dict[str, Any]]) -> dict[str, Any]:
-    clean = write_report_json(run, report)
-    run.file("report.md").write_text(render_online(cfg, clean, steps))
-    return clean
-
-
-def render_online(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -> str:
     def cell(v: Any) -> str:
         return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
+    r = write_report_json(run, report)
     lines = ["# WIM online DPO report", "",
              f"Policy {cfg.policy.model}, judge role {cfg.judge.role}, zeta "
              f"{cfg.scoring.zeta:g}, tie policy `{cfg.training.online_tie_policy}`, failed "
@@ -33,6 +28,7 @@ def render_online(cfg: Config, r: dict[str, Any], steps: list[dict[str, Any]]) -
                   "numbers are mechanical, not evidence for or against WIM.", ""]
     keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
             "tie_rate/wim", "delta/numeric", "delta/wim"]
-    lines += markdown_table(["step", *keys], [[s["step"], *(cell(s.get(k)) for k in keys)]
-                                              for s in steps])
-    return "\n".join(lines) + "\n"
+    lines += markdown_table(["step", *keys],
+                            [[s["step"], *(cell(s.get(k)) for k in keys)] for s in steps])
+    run.file("report.md").write_text("\n".join(lines) + "\n")
+    return r

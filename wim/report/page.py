@@ -87,8 +87,8 @@ def markdown_to_html(markdown: str, base: Path) -> str:
 
 def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
                 small_judge: bool, total_prompts: int) -> str:
-    """The whole page: the report, then the critique browser over `entries` (the entries of
-    some of the run's `total_prompts` prompts)."""
+    """The whole page: the report, then the critique browser (`entries` of some of the run's
+    `total_prompts` prompts)."""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -109,8 +109,7 @@ def render_html(markdown: str, base: Path, entries: list[dict[str, Any]],
 
 
 def _browser(entries: list[dict[str, Any]], small_judge: bool, total_prompts: int) -> str:
-    """The critique browser: how many prompts it shows, filters, an empty list that report.js
-    fills, and its data."""
+    """The critique browser: its count, filters, an empty list that report.js fills, its data."""
     warning = ("<div class='note warning banner' role='alert'><strong>Mechanical numbers."
                "</strong> The judge is the bundled 135M model: these ratings and critiques "
                "are close to noise. They show that every stage runs, not that WIM beats "

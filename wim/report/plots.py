@@ -1,13 +1,11 @@
-"""The report's plots (matplotlib, Agg backend, imported lazily): `DIR/plots/*.png`.
-
-Each `plot_*` function draws one figure, saves it and returns the numbers it actually drew,
-read back from the matplotlib artists (bar heights, line points), so a test can check that a
-plot shows what it claims rather than only that a PNG exists. A plot with nothing to show is
-not drawn (the function returns None).
+"""The report's plots (matplotlib, Agg backend, imported lazily): `DIR/plots/*.png`. Each
+`plot_*` returns the numbers it drew, read back from the artists (docs/design.md, "The report"),
+or None, drawing nothing, when there is nothing to show.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from collections.abc import Iterable
@@ -44,11 +42,9 @@ def _finite(x: Any) -> bool:
 
 def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
                              path: Path) -> dict[str, Any] | None:
-    """Numeric vs WIM (vs mixed) score histograms on the 1-10 scale: the paper's key picture.
-
-    Numeric ratings pile up on a few integers (hence ties); WIM similarities spread out.
-    Returns {system: {"counts": bar heights, "n": samples}} as drawn.
-    """
+    """Numeric vs WIM (vs mixed) histograms on the 1-10 scale, the paper's key picture: ratings
+    pile up on a few integers (hence ties), similarities spread out. Returns {system:
+    {"counts": bar heights, "n": samples}}."""
     # The 1-10 values (`x * 5 + 5`) as arrays of doubles: 8 bytes a value, from a stream.
     values: dict[str, array] = {"numeric": array("d"), "wim": array("d"), "mixed": array("d")}
     for record in scores:
@@ -73,13 +69,8 @@ def plot_score_distributions(scores: Iterable[dict[str, Any]], zeta: float,
 
 
 def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
-    """Tie rate and mean absolute delta per training round, per scoring system: lines over
-    rounds, or grouped bars when there is one round.
-
-    `rounds`: [{"round": r, "pairs/tie_rate/<system>": x, "pairs/delta/<system>": y, ...}],
-    the shape of report.json's `rounds` key. Returns {"tie_rate": {system label: [rounds,
-    values]}, "delta": {...}} as drawn (bar heights read back from the bars).
-    """
+    """Tie rate and mean absolute delta per system over report.json's `rounds` (bars for one
+    round). Returns {"tie_rate": {system label: [rounds, values]}, "delta": {...}}."""
     if not rounds:
         return None
     plt = pyplot()
@@ -122,26 +113,17 @@ def plot_rounds(rounds: list[dict[str, Any]], path: Path) -> dict[str, Any] | No
     return drawn
 
 
-def train_history(history: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
-    """{key: [steps, values]} for the per-step entries of TRL's log history."""
-    out: dict[str, list[list[float]]] = {}
+def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
+    """DPO loss, reward margin and accuracy per step of TRL's log history: the loss starts at
+    ln 2 (chosen and rejected equally likely under the reference), a margin above 0 moves toward
+    the chosen answers. Returns {key: [steps, values]} for each of TRAIN_KEYS that TRL logged."""
+    from matplotlib.ticker import MaxNLocator
+
+    series: dict[str, list[list[float]]] = {}
     for key in TRAIN_KEYS:
         points = [(h["step"], h[key]) for h in history if "step" in h and _finite(h.get(key))]
         if points:
-            out[key] = [list(map(float, c)) for c in zip(*points, strict=True)]
-    return out
-
-
-def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
-    """DPO loss, reward margin and reward accuracy per optimizer step, from TRL's log history.
-
-    The loss starts at ln 2 (0.693: chosen and rejected equally likely under the reference); a
-    margin growing above 0 means the policy moves toward the chosen answers.
-    Returns {key: [steps, values]} as drawn, for each of TRAIN_KEYS that TRL logged.
-    """
-    from matplotlib.ticker import MaxNLocator
-
-    series = train_history(history)
+            series[key] = [list(map(float, c)) for c in zip(*points, strict=True)]
     if "loss" not in series:
         return None
     plt = pyplot()
@@ -163,11 +145,9 @@ def plot_training(history: list[dict[str, Any]], path: Path) -> dict[str, Any] |
 
 
 def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, Any] | None:
-    """Per comparison of eval.json, against the 50% line: the win rate (ties as half) with its
-    paired bootstrap 95% interval, and the sign test's decisive rate (ties left out) with its
-    Clopper-Pearson 95% interval. No interval is drawn where there is none (all outcomes
-    equal). Returns {"names", "win_rate", "low", "high", "decisive", "decisive_low",
-    "decisive_high"} as drawn (None where not drawn)."""
+    """Per comparison of eval.json: win rate (ties half, paired bootstrap 95%) and decisive rate
+    (ties out, Clopper-Pearson 95%); no interval where all outcomes are equal. Returns {"names",
+    "win_rate", "low", "high", "decisive", "decisive_low", "decisive_high"}, None if not drawn."""
     rows = [c for c in comparisons if _finite(c.get("win_rate"))]
     if not rows:
         return None
@@ -181,25 +161,24 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
                "decisive rate, ties out (Clopper-Pearson 95%)",
                ("decisive", "decisive_low", "decisive_high")))
     for key, ci_key, dy, color, marker, label, names in series:
-        rates, lows, highs = [], [], []
+        points = []  # (rate, low, high) as drawn, None where not drawn
         for c, y in zip(rows, ys, strict=True):
-            rate = c.get(key)
             ci = c.get(ci_key) if isinstance(c.get(ci_key), (list, tuple)) else None
-            rates.append(float(rate) if _finite(rate) else None)
-            lows.append(float(ci[0]) if ci and rates[-1] is not None else None)
-            highs.append(float(ci[1]) if ci and rates[-1] is not None else None)
-            if rates[-1] is None:
+            if not _finite(c.get(key)):
+                points.append((None, None, None))
                 continue
-            err = [[rates[-1] - lows[-1]], [highs[-1] - rates[-1]]] if ci else None
-            line = ax.errorbar([rates[-1]], [y + dy], xerr=err, fmt=marker, capsize=4,
-                               color=color, label=label)
+            rate = float(c[key])
+            err = [[rate - float(ci[0])], [float(ci[1]) - rate]] if ci else None
+            line = ax.errorbar([rate], [y + dy], xerr=err, fmt=marker, capsize=4, color=color,
+                               label=label)
             label = "_" + label  # one legend entry per series
             # Read back what was drawn: the point, and the ends of its error bar.
-            rates[-1] = float(line.lines[0].get_xdata()[0])
+            low = high = None
             if ci:
                 (start, end), = line.lines[2][0].get_segments()
-                lows[-1], highs[-1] = float(start[0]), float(end[0])
-        drawn.update(zip(names, (rates, lows, highs), strict=True))
+                low, high = float(start[0]), float(end[0])
+            points.append((float(line.lines[0].get_xdata()[0]), low, high))
+        drawn.update(zip(names, map(list, zip(*points, strict=True)), strict=True))
     ax.axvline(0.5, color="grey", linestyle=":", label="_even")
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{c.get('name', '?')}" for c in rows])
@@ -211,11 +190,9 @@ def plot_win_rates(comparisons: list[dict[str, Any]], path: Path) -> dict[str, A
 
 
 def plot_preferences(comparison: dict[str, Any], path: Path) -> dict[str, Any] | None:
-    """One comparison's weighted preferences (eval.json `weighted.per_prompt`), one column per
-    prompt sorted by p: P(a better) with a shown first and with b shown first, joined by a
-    line (a long line is position bias), p their mean; the mean preference with its t 95%
-    interval as a band, and the 0.5 line. Returns {"p", "p_ab", "p_ba", "mean", "ci95"} as
-    drawn, or None without per-prompt preferences."""
+    """One comparison's `weighted.per_prompt`, a column per prompt sorted by p: P(a better) with
+    a shown first and b shown first, joined (a long line is position bias), p their mean; the
+    mean with its t 95% band. Returns {"p", "p_ab", "p_ba", "mean", "ci95"} as drawn."""
     w = comparison.get("weighted") or {}
     rows = sorted((r for r in w.get("per_prompt") or [] if _finite(r.get("p"))),
                   key=lambda r: r["p"])
@@ -292,8 +269,6 @@ def make_plots(cfg, run, report: dict[str, Any],
 def training_history(run) -> list[dict[str, Any]]:
     """TRL's per-step log: DIR/rounds/<r>/train/log_history.json of every round, steps
     numbered on across rounds, when a multi-round run has them; else DIR/train/log_history.json."""
-    import json
-
     files = sorted((p for p in run.file("rounds").glob("*/train/log_history.json")
                     if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3]))
     if not files:

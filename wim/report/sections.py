@@ -1,13 +1,12 @@
-"""Report sections beyond the single-run tables: rounds and the blind evaluation (eval.json,
-rendered by evaluation.py), plus the markdown helpers they share with wim/report/build.py.
-More: docs/design.md, "Module notes".
+"""Report sections beyond the single-run tables (rounds, the blind evaluation, agreement, the
+source) and the markdown helpers build.py shares. More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from wim.config import Config
@@ -60,8 +59,7 @@ def collect_rounds(cfg: Config, run: RunDir, given: Any = None) -> list[dict[str
         return rounds
     for sub in sorted(folder.iterdir(), key=lambda p: (len(p.name), p.name)):
         # One prompt's records at a time, as the run's own report reads them.
-        scores = RecordIndex(sub / "scores.jsonl") if sub.name.isdigit() else None
-        if scores is None or not len(scores):
+        if not sub.name.isdigit() or not len(scores := RecordIndex(sub / "scores.jsonl")):
             continue
         stats = PairStatistics(cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
         for group in scores.groups():
@@ -96,30 +94,29 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     return lines + evaluation_body(evaluation)
 
 
-def read_run_json(run: RunDir, name: str, command: str) -> tuple[Path, Any] | None:
-    """(path, parsed JSON) of DIR/<name>, or None when there is no such file; RecordsError
-    naming `command`, the one that writes it, when it is not valid JSON."""
+def read_run_json(run: RunDir, name: str, command: str, valid: Callable[[Any], bool],
+                  expected: str) -> Any:
+    """DIR/<name> parsed, or None when there is no such file; RecordsError naming `command`,
+    the one that writes it, when it is not valid JSON or not `valid` (`expected` says what)."""
     path = run.file(name)
     if not path.is_file():
         return None
     try:
-        return path, json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except ValueError as err:
         raise RecordsError(f"{path} is not valid JSON ({err}); run `{command}` again.") from None
+    if not valid(data):
+        raise RecordsError(f"{path}: expected {expected}; run `{command}` again.")
+    return data
 
 
 def read_agreement(run: RunDir) -> dict[str, Any] | None:
     """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
     checked for the keys the report reads."""
-    found = read_run_json(run, "agreement.json", "wim pairs")
-    if found is None:
-        return None
-    path, data = found
-    if not (isinstance(data, dict) and isinstance(data.get("systems"), dict)
-            and isinstance(data.get("table_markdown"), str)):
-        raise RecordsError(f"{path}: expected an object with 'systems' and 'table_markdown'; "
-                           "run `wim pairs` again.")
-    return data
+    return read_run_json(run, "agreement.json", "wim pairs",
+                         lambda d: (isinstance(d, dict) and isinstance(d.get("systems"), dict)
+                                    and isinstance(d.get("table_markdown"), str)),
+                         "an object with 'systems' and 'table_markdown'")
 
 
 def agreement_lines(agreement: dict[str, Any] | None) -> list[str]:
