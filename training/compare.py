@@ -20,6 +20,7 @@ from training.evaluate import (
     held_out_prompts,
     write_audit,
 )
+from training.run import run_stages_with_training
 from wim.config import Config
 from wim.errors import InputError
 from wim.markdown import markdown_table
@@ -67,8 +68,6 @@ def prepare_config(cfg: Config) -> Config:
 
 
 def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
-    from training.run import run_stages_with_training
-
     cfg = prepare_config(cfg)
     shared = RunDir(out / "shared")
     with shared.lock("wim compare (shared generation and judging)"):
@@ -97,11 +96,8 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
     return report
 
 
-def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str,
-               progress: bool) -> bool:
+def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str, progress: bool) -> bool:
     """Score, pair and train one arm on the shared records; False when it has no pairs."""
-    from training.run import run_stages_with_training
-
     run.claim(arm_cfg)
     _copy_shared(shared, run)
     run_stages_with_training(arm_cfg, run, ("score", "pairs"), progress=progress)
@@ -150,8 +146,7 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
     pairs = [(f"{n} vs base", n, "base") for n in names]
     pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)
               if {a, b} != {"wim", "numeric"}]
-    # The question wim compare exists for, fixed before any verdict: the WIM arm against the
-    # numeric arm. It is reported first, with its own unadjusted test beside the Holm family.
+    # The primary comparison, fixed before any verdict (docs/design.md, "Module notes").
     primary = None
     if {"wim", "numeric"} <= set(names):
         pairs.insert(0, (PRIMARY, "wim", "numeric"))

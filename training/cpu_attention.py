@@ -16,11 +16,8 @@ EAGER_MAX_LENGTH = 512
 
 @contextlib.contextmanager
 def training_attention(model, max_length: int | None):
-    """Within the `with`, a bfloat16 model on a CPU that uses SDPA uses eager attention
-    (`BFLOAT16_EAGER`) when
-    training sequences are at most EAGER_MAX_LENGTH tokens (`max_length`; None: unbounded);
-    any other model is left as it is. The model's own implementation is restored on exit.
-    Yields the implementation training uses."""
+    """Within the `with`, a bfloat16 CPU model on SDPA uses `BFLOAT16_EAGER` when `max_length`
+    (None: unbounded) is at most EAGER_MAX_LENGTH; restored on exit. Yields the one in use."""
     import torch
 
     from wim.models import attention_implementation
@@ -38,9 +35,8 @@ def training_attention(model, max_length: int | None):
 
 def bfloat16_eager_attention(module, query, key, value, attention_mask, scaling: float,
                              dropout: float = 0.0, **kwargs):
-    """transformers' eager attention (the `attention_interface` signature) with the softmax in
-    the inputs' dtype and no copies of the shared key/value heads; see the module docstring.
-    Models whose attention has more (logit softcapping, sink tokens) get their own eager."""
+    """transformers' eager attention, softmax in the inputs' dtype, no key/value head copies
+    (docs/design.md); models with softcapping or sink tokens get their own eager."""
     import torch
 
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
@@ -59,8 +55,7 @@ def bfloat16_eager_attention(module, query, key, value, attention_mask, scaling:
         mask = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(batch, kv_heads, groups,
                                                                           length, keys)
         scores = (scores.view(batch, kv_heads, groups, length, keys) + mask).view_as(scores)
-    probs = torch.nn.functional.dropout(scores.softmax(dim=-1), p=dropout,
-                                        training=module.training)
+    probs = torch.nn.functional.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     out = torch.matmul(probs, value).view(batch, heads, length, dim)
     return out.transpose(1, 2).contiguous(), probs.view(batch, heads, length, keys)
 

@@ -18,9 +18,8 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplie
 
 
 def use_compact_head(trainer) -> bool:
-    """On a device without Triton, make a `trl.DPOTrainer`'s policy (and reference model, if
-    it has its own) score only completion tokens, once TRL has put its head on. Calling it
-    again changes nothing. Returns whether the policy scores completions only."""
+    """Without Triton, make a DPOTrainer's policy (and own reference model) score completion
+    tokens only, after TRL put its head on; idempotent. Returns whether the policy does."""
     if trainer.accelerator.device.type in ("cuda", "xpu"):  # TRL's own head is compact there
         return False
     # The fields TRL 1.16's DPOTrainer asks its head for (its __init__, add_fused_lm_head).
@@ -37,9 +36,8 @@ def use_compact_head(trainer) -> bool:
 
 
 def score_completions_only(model, outputs: tuple[str, ...]) -> bool:
-    """Wrap `model.forward` (a model TRL's `add_fused_lm_head` patched) so that fused calls
-    score only the labelled positions. `outputs`: the per-token fields the trainer asked TRL
-    for. Returns False, changing nothing, for a model whose logits are scaled or capped."""
+    """Wrap a TRL-patched `model.forward` so that fused calls score the labelled positions only,
+    with the fields in `outputs`. False, changing nothing, when logits are scaled or capped."""
     if getattr(model.forward, "scores_completions_only", False):
         return True
     text_config = model.config.get_text_config()

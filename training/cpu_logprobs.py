@@ -10,19 +10,12 @@ import torch
 #: on a 2-core CPU (tests/benchmarks/results/cpu_head.txt).
 VOCAB_TILE = 4096
 
-FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-
 
 def completion_log_probs(hidden, weight, bias, targets, outputs: tuple[str, ...]):
     """(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) of `hidden @ weight.T
     (+ bias)` at `targets`, each `[tokens]` float32 (is_top1 bool), None where not in
     `outputs`. Differentiable in hidden, weight and bias through log_probs and entropy."""
     return _LogProbs.apply(hidden, weight, bias, targets, tuple(outputs))
-
-
-def _compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
-        else dtype
 
 
 def _tiles(vocab: int):
@@ -59,7 +52,9 @@ class _LogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, outputs):
         ctx.set_materialize_grads(False)  # entropy is usually logged only: no gradient to fold
-        dtype = _compute_dtype(hidden.device.type, hidden.dtype)
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+            else hidden.dtype
         # The precision is set here; autocast would also put the folds' float32 dot products
         # (linalg.vecdot is on its bfloat16 list) into bfloat16: two 8 MB casts and a product
         # in fresh memory per tile, a third of a DPO step, and an entropy summed in bfloat16.
@@ -97,21 +92,17 @@ class _LogProbs(torch.autograd.Function):
             here = (local >= 0) & (local < end - start)
             target_logit[here] = z[rows[here], local[here]]
         log_z = running_max + torch.log(sum_exp)
-        log_probs = target_logit - log_z
         entropy = log_z - sum_exp_z / sum_exp if "entropy" in outputs else None
-        result = {
-            "log_probs": log_probs,
-            "entropy": entropy,
-            "log_sum_sq_probs": torch.log(sum_sq) - 2 * torch.log(sum_exp)
-            if "log_sum_sq_probs" in outputs else None,
-            "mean_logits": sum_z / vocab if "mean_logits" in outputs else None,
-            "is_top1": argmax == targets if "is_top1" in outputs else None,
-        }
+        result = (target_logit - log_z, entropy,
+                  torch.log(sum_sq) - 2 * torch.log(sum_exp) if "log_sum_sq_probs" in outputs
+                  else None,
+                  sum_z / vocab if "mean_logits" in outputs else None,
+                  argmax == targets if "is_top1" in outputs else None)
         ctx.save_for_backward(hidden, weight, bias, targets, log_z,
                               log_z if entropy is None else entropy)
         ctx.dtype = dtype
-        ctx.mark_non_differentiable(*(result[k] for k in FIELDS[2:] if result[k] is not None))
-        return tuple(result[k] for k in FIELDS)
+        ctx.mark_non_differentiable(*(x for x in result[2:] if x is not None))
+        return result
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy, *_):
@@ -123,8 +114,7 @@ class _LogProbs(torch.autograd.Function):
                                        targets, log_z, entropy)
 
     @staticmethod
-    def _backward(ctx, grad_log_probs, grad_entropy, hidden, weight, bias, targets, log_z,
-                  entropy):
+    def _backward(ctx, grad_log_probs, grad_entropy, hidden, weight, bias, targets, log_z, entropy):
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         dtype = ctx.dtype
         h, w = hidden.to(dtype), weight.to(dtype)
@@ -137,10 +127,8 @@ class _LogProbs(torch.autograd.Function):
             if needs_hidden and low_precision else None
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) \
             if needs_hidden and not low_precision else None
-        grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) \
-            if needs_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
-            if needs_bias else None
+        grad_weight = torch.zeros_like(weight) if needs_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_bias else None
         tiles = _Tiles(n, dtype, hidden.device)
         for start, end in _tiles(vocab):
             log_p = tiles.logits(h, w, b, start, end).sub_(log_z[:, None])

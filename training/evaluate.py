@@ -4,6 +4,7 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -119,11 +120,8 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
         if cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm":
             # Each system answers on the policy's server, by its adapter's served name.
             http = served_http(cfg.http, system.adapter)
-            backend = open_http_backend(http, cfg.policy.model)
-            try:
+            with contextlib.closing(open_http_backend(http, cfg.policy.model)) as backend:
                 out[system.name] = _answer(backend, cfg, prompts, params, system, http.model)
-            finally:
-                backend.close()
             continue
         if system.adapter is None and current is not None and current[0] == system.model:
             backend = current[1].reference_view()
@@ -156,10 +154,8 @@ def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt
     both orders' verdicts (`order_ab`: a shown first; `order_ba`: b shown first)."""
     questions = [p.text for p in prompts]
     texts = {name: [r["response"] for r in records] for name, records in answers.items()}
-    points = {}
-    if mode == "pointwise":
-        for name in sorted({s for _, a, b in pairs for s in (a, b)}):
-            points[name] = evaluator.pointwise(questions, texts[name])
+    names = sorted({s for _, a, b in pairs for s in (a, b)}) if mode == "pointwise" else []
+    points = {name: evaluator.pointwise(questions, texts[name]) for name in names}
     results, records = {}, []
     for name, a, b in pairs:
         if mode == "pointwise":
@@ -167,36 +163,33 @@ def blind_comparisons(evaluator: BlindEvaluator, mode: str, prompts: list[Prompt
                         zip(points[a], points[b], texts[a], texts[b], strict=True)]
         else:
             verdicts = evaluator.pairwise(questions, texts[a], texts[b])
-        values, diffs, kinds, agree = [], [], [], []
-        prefs, order_prefs, sources, ids = [], [], [], []
-        for p, ta, tb, v in zip(prompts, texts[a], texts[b], verdicts, strict=True):
+        rows, by_orders = [], []  # this comparison's records; each one's (P_ab, P_ba)
+        for p, v in zip(prompts, verdicts, strict=True):
             both = mode == "pairwise" and None not in v.orders
             pref, by_order, source = _preference(v, mode)
-            records.append({"comparison": name, "a": a, "b": b, "prompt_id": p.id,
-                            "domain": p.domain, "winner": v.winner, "failure": v.failure,
-                            "order_ab": v.orders[0], "order_ba": v.orders[1],
-                            "orders_agree": v.orders[0] == v.orders[1] if both else None,
-                            "tie_kind": v.tie_kind, "preference": pref,
-                            "p_ab": by_order[0] if by_order else None,
-                            "p_ba": by_order[1] if by_order else None,
-                            # each order's probabilities of its own A / B / tie
-                            "probs_ab": v.probs[0], "probs_ba": v.probs[1],
-                            "preference_source": source, "raw": v.raw, "tokens": v.tokens})
-            if both:
-                agree.append(v.orders[0] == v.orders[1])
-            if v.winner is not None:
-                values.append(outcome_of(v.winner))
-                diffs.append(float(len(ta) - len(tb)))
-                prefs.append(pref)
-                order_prefs.append(by_order)
-                sources.append(source)
-                ids.append(p.id)
-                if v.tie_kind:
-                    kinds.append(v.tie_kind)
-        failures = sum(r["winner"] is None for r in records if r["comparison"] == name)
-        results[name] = Outcomes(values, diffs, failures=failures, tie_kinds=kinds,
-                                 order_agreement=agree, preferences=prefs,
-                                 order_preferences=order_prefs, sources=sources, prompt_ids=ids)
+            by_orders.append(by_order)
+            rows.append({"comparison": name, "a": a, "b": b, "prompt_id": p.id,
+                         "domain": p.domain, "winner": v.winner, "failure": v.failure,
+                         "order_ab": v.orders[0], "order_ba": v.orders[1],
+                         "orders_agree": v.orders[0] == v.orders[1] if both else None,
+                         "tie_kind": v.tie_kind, "preference": pref,
+                         "p_ab": by_order[0] if by_order else None,
+                         "p_ba": by_order[1] if by_order else None,
+                         # each order's probabilities of its own A / B / tie
+                         "probs_ab": v.probs[0], "probs_ba": v.probs[1],
+                         "preference_source": source, "raw": v.raw, "tokens": v.tokens})
+        records += rows
+        done = [i for i, r in enumerate(rows) if r["winner"] is not None]
+        results[name] = Outcomes(
+            [outcome_of(rows[i]["winner"]) for i in done],
+            [float(len(texts[a][i]) - len(texts[b][i])) for i in done],
+            failures=len(rows) - len(done),
+            tie_kinds=[rows[i]["tie_kind"] for i in done if rows[i]["tie_kind"]],
+            order_agreement=[r["orders_agree"] for r in rows if r["orders_agree"] is not None],
+            preferences=[rows[i]["preference"] for i in done],
+            order_preferences=[by_orders[i] for i in done],
+            sources=[rows[i]["preference_source"] for i in done],
+            prompt_ids=[rows[i]["prompt_id"] for i in done])
     return results, records
 
 
@@ -207,8 +200,7 @@ def _preference(v: PairVerdict, mode: str):
         return None, None, None
     if mode == "pointwise":
         return outcome_of(v.winner), None, "pointwise"
-    sources = v.sources
-    source = sources[0] if sources[0] == sources[1] else "hard"
+    source = v.sources[0] if v.sources[0] == v.sources[1] else "hard"
     return v.preference, v.order_preferences, source
 
 
@@ -227,9 +219,8 @@ def _from_points(pa, pb, identical: bool) -> PairVerdict:
 def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outcomes],
                 pairs: list[tuple[str, str, str]], systems: list[System],
                 records: list[dict], n_prompts: int, primary: str | None = None) -> dict:
-    """The eval.json document: every comparison, with Holm over all of them. `primary`: the
-    pre-specified comparison (the first by default), reported first with its own unadjusted
-    test; `min_attainable_p_holm` says whether any result of this size could be significant."""
+    """The eval.json document: every comparison, Holm over all; `primary` (default: the first)
+    first. `min_attainable_p_holm` says whether any result of this size could be significant."""
     comparisons = with_holm([
         summarize_comparison(name, a, b, outcomes[name], seed=cfg.seed,
                              resamples=cfg.eval.bootstrap_resamples) for name, a, b in pairs])
@@ -237,11 +228,9 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
     comparisons.sort(key=lambda c: c["name"] != primary)  # stable: the primary first
     for c in comparisons:
         c["primary"] = c["name"] == primary
-    prim = comparisons[0]
-    weighted = prim.get("weighted") or {}
+    weighted = comparisons[0].get("weighted") or {}
     power = weighted_power(weighted.get("n", 0), weighted.get("sd"), len(comparisons))
     bundled = is_bundled(evaluator.model_name) or any(is_bundled(s.model) for s in systems)
-    backend_failures = sum(1 for r in records if (r["failure"] or "").find("backend failed") >= 0)
     mode = cfg.blind.mode
     return {
         "evaluator": {"model": evaluator.model_name, "mode": mode,
@@ -259,7 +248,7 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
         if evaluator.verdict == "weighted" and mode == "pairwise" else 0,
         "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},
         "evaluator_tokens": sum(r["tokens"] for r in records),
-        "backend_failures": backend_failures,
+        "backend_failures": sum("backend failed" in (r["failure"] or "") for r in records),
         # Attempts whose text copied a template placeholder (each was asked again).
         "placeholder_copies": sum(copied_placeholder(t, mode) is not None
                                   for r in records for t in r["raw"]),
@@ -269,10 +258,16 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
 
 def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],
                records: list[dict]) -> None:
-    folder = Path(folder)
+    from wim.report.plots import plot_preferences
+
     write_audit(folder, answers, records)
     (folder / "eval.json").write_text(json.dumps(report, indent=2))
-    (folder / "eval.md").write_text(eval_markdown(report, _picture(folder, report)))
+    # The primary comparison's preferences, drawn (when there are any) for eval.md to lead with.
+    primary = next((c for c in report["comparisons"] if c.get("primary")), {})
+    (folder / "plots").mkdir(exist_ok=True)
+    picture = "plots/eval_preferences.png"
+    drawn = plot_preferences(primary, folder / picture)
+    (folder / "eval.md").write_text(eval_markdown(report, picture if drawn else None))
 
 
 def write_audit(folder: Path, answers: dict[str, list[dict]], records: list[dict]) -> None:
@@ -281,17 +276,6 @@ def write_audit(folder: Path, answers: dict[str, list[dict]], records: list[dict
     for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
                        ("verdicts", records)):
         (folder / "eval" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _picture(folder: Path, report: dict) -> str | None:
-    """Draw the primary comparison's preferences (DIR/plots/eval_preferences.png) for the
-    markdown to lead with; its relative path, or None when there is nothing to draw."""
-    from wim.report.plots import plot_preferences
-
-    primary = next((c for c in report["comparisons"] if c.get("primary")), {})
-    name = "plots/eval_preferences.png"
-    (folder / "plots").mkdir(exist_ok=True)
-    return name if plot_preferences(primary, folder / name) else None
 
 
 def eval_markdown(report: dict, picture: str | None = None) -> str:
@@ -310,13 +294,9 @@ def compare_systems(cfg: Config, systems: list, prompts: list, pairs: list, prog
     """Answers from every system, blind verdicts on every pair, the report (Holm over all):
     (report, answers, verdict records). `primary`: the pre-specified comparison."""
     answers = generate_answers(cfg, systems, prompts, progress)
-    evaluator = open_blind_evaluator(cfg)
-    try:
+    with contextlib.closing(open_blind_evaluator(cfg)) as evaluator:
         outcomes, records = blind_comparisons(evaluator, cfg.blind.mode, prompts, answers, pairs)
-    finally:
-        evaluator.close()
-    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts),
-                         primary)
+    report = eval_report(cfg, evaluator, outcomes, pairs, systems, records, len(prompts), primary)
     return report, answers, records
 
 

@@ -1,8 +1,6 @@
-"""`wim export DIR --merged OUT`: the base model with the run's trained adapter merged in.
-
-OUT is an ordinary transformers model folder (config, safetensors, tokenizer): it loads with
-`AutoModelForCausalLM.from_pretrained(OUT)`, without peft. The adapter is the last round's
-(`DIR/rounds/<R>/train/adapter`), or `DIR/train/adapter` for a one-round run.
+"""`wim export DIR --merged OUT`: the base model with the run's last adapter merged in, saved
+as a plain transformers folder that loads without peft (docs/design.md, "Training: rounds,
+online DPO, devices").
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ def last_adapter(run_dir: Path) -> Path:
         adapter = r.file("train") / "adapter"
         if (adapter / "adapter_config.json").is_file():
             return adapter
-    rounds = run.file("rounds").is_dir()
     raise InputError(f"{run_dir} holds no trained adapter (no train/adapter/adapter_config.json"
-                     f"{' in any round' if rounds else ''}). Train first: `wim run "
-                     f"CONFIG --out {run_dir}` or `wim train {run_dir}`.")
+                     f"{' in any round' if run.file('rounds').is_dir() else ''}). Train first: "
+                     f"`wim run CONFIG --out {run_dir}` or `wim train {run_dir}`.")
 
 
 def export_merged(run_dir: Path, out: Path) -> dict[str, Any]:

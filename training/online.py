@@ -4,6 +4,7 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -18,9 +19,8 @@ from wim.scoring import is_tie
 
 def choose_pair(a: float | None, b: float | None, tolerance: float, tie_policy: str
                 ) -> tuple[bool, bool, bool]:
-    """(first_chosen, keep, tie) for completions scored a and b (None: a failed judgement),
-    by the pairs' tie rule (`wim.pairs.choose`, `a` the first completion). A pair with a failed
-    judgement has no verdict and is dropped."""
+    """(first_chosen, keep, tie) for completions scored a and b by `wim.pairs.choose`; a pair
+    with a failed judgement (None) has no verdict and is dropped."""
     if a is None or b is None:
         return True, False, False
     a_chosen, tie = choose(a, b, tolerance, tie_policy)
@@ -28,9 +28,8 @@ def choose_pair(a: float | None, b: float | None, tolerance: float, tie_policy: 
 
 
 class WimReward:
-    """The reward function: judge each completion, score it with the WIM formula, and decide
-    per pair (i, i + B) which side is chosen and whether it trains (`take_choice`). Writes
-    every judgement to `judgements_path`."""
+    """The reward function: judge and score each completion, decide each pair (i, i + B) for
+    `take_choice`, and append every judgement to `judgements_path`."""
 
     __name__ = "wim_reward"
 
@@ -39,7 +38,6 @@ class WimReward:
         self.path = judgements_path
         self.choice = None  # the PairChoice of the last call, until the trainer takes it
         self.trainer = None  # set once the trainer exists
-        self.totals = {"pairs": 0, "ties": 0, "failed": 0, "fallback": 0, "dropped": 0}
         self.deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
         self.tie_counts = {"numeric": 0, "wim": 0}
         self.steps: list[dict[str, Any]] = []
@@ -78,12 +76,11 @@ class WimReward:
                                   self.cfg.judge.on_parse_failure)
         half, tol = len(scored) // 2, self.cfg.pairs.tie_tolerance
         first, keep = [], []
-        counts = {"pairs": half, "ties": 0, "failed": 0, "fallback": 0}
+        counts = {"pairs": half, "ties": 0, "failed": sum(not r["parse_ok"] for r in scored),
+                  "fallback": sum(bool(r.get("fallback")) for r in scored)}
         ties = {"numeric": 0, "wim": 0}
         deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
         for a, b in zip(scored[:half], scored[half:], strict=True):
-            counts["failed"] += (not a["parse_ok"]) + (not b["parse_ok"])
-            counts["fallback"] += bool(a.get("fallback")) + bool(b.get("fallback"))
             first_chosen, kept, tie = choose_pair(a["score"], b["score"], tol,
                                                   self.cfg.training.online_tie_policy)
             first.append(first_chosen)
@@ -109,8 +106,6 @@ class WimReward:
         return [r["score"] if r["score"] is not None else 0.0 for r in scored]
 
     def _record_step(self, step, counts, ties, deltas) -> dict[str, Any]:
-        for key in self.totals:
-            self.totals[key] += counts[key]
         row: dict[str, Any] = {"step": step, **counts}
         for s in ("numeric", "wim"):
             n = len(deltas[s])
@@ -129,7 +124,8 @@ class WimReward:
                     "similarity", "score", "fallback", "raw_judge_text")}}) + "\n")
 
     def summary(self) -> dict[str, Any]:
-        out = {f"online/{k}": v for k, v in self.totals.items()}
+        out = {f"online/{k}": sum(row[k] for row in self.steps)
+               for k in ("pairs", "ties", "failed", "fallback", "dropped")}
         for s in ("numeric", "wim"):
             n = len(self.deltas[s])
             out[f"online/tie_rate/{s}"] = self.tie_counts[s] / n if n else None
@@ -143,8 +139,7 @@ def _user_text(prompt) -> str:
     return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
-def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
-               ) -> dict[str, Any]:
+def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None) -> dict[str, Any]:
     """Train online on the run's prompts; writes train/ (adapter, log_history.json,
     online_steps.jsonl, online_judgements.jsonl, metrics.json) and report.json."""
     from dataclasses import replace
@@ -179,10 +174,8 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None
     keep_lora_float32(trainer.model)
     reward.trainer = trainer
     start = time.perf_counter()
-    try:
+    with contextlib.closing(embedder):
         trainer.train()
-    finally:
-        embedder.close()
     seconds = time.perf_counter() - start
     trainer.model.eval()
     trainer.model.save_pretrained(out / "adapter")

@@ -50,14 +50,8 @@ def sigmoid_losses(beta: float, chosen: torch.Tensor, rejected: torch.Tensor,
 
 
 class KeptPairMean:
-    """The mean of per-pair losses over the kept pairs of one optimizer step, across
-    micro-batches and ranks.
-
-    The global kept count is known only after the step's last micro-batch, so each micro-batch
-    backpropagates the *sum* of its kept losses, times the world size because DDP averages
-    gradients over ranks; `finish` then divides the reduced gradients by the global count, or
-    sets them to None when no pair was kept anywhere.
-    """
+    """The mean loss over the kept pairs of one optimizer step, across micro-batches and ranks
+    (docs/design.md, "Training: rounds, online DPO, devices")."""
 
     def __init__(self) -> None:
         self.count = 0  # kept pairs of this step on this rank
@@ -75,10 +69,9 @@ class KeptPairMean:
         return kept * world_size()
 
     def finish(self, parameters, backward_scale: float, device: torch.device) -> float:
-        """After the step's last backward (gradients already reduced over ranks). The gradients
-        hold sum(kept grads) / backward_scale (the factor the backward divided the loss by:
-        accelerate divides by the accumulation steps); make them the mean over kept pairs.
-        Returns the step's loss, the same on every rank (0.0 when no pair was kept)."""
+        """After the step's last backward: gradients of sum / backward_scale (accelerate divides
+        by the accumulation steps) become the mean over kept pairs. Returns the step's loss, the
+        same on every rank (0.0 when no pair was kept)."""
         totals = all_reduce_sum(torch.tensor([float(self.count), self.loss_sum],
                                              dtype=torch.float64, device=device))
         count, loss_sum = int(totals[0].item()), float(totals[1].item())
@@ -94,11 +87,8 @@ class KeptPairMean:
 
 
 class WimOnlineDPOTrainer(OnlineDPOTrainer):
-    """OnlineDPOTrainer whose pairs are chosen, kept or dropped by its reward function.
-
-    `reward_funcs` is one callable with a `take_choice() -> PairChoice | None` method, which
-    returns the verdict of its last call and forgets it.
-    """
+    """OnlineDPOTrainer whose pairs are chosen, kept or dropped by its reward function: one
+    callable whose `take_choice() -> PairChoice | None` returns its last verdict and forgets it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if not TRL_CHECKED[0] <= Version(trl.__version__) < TRL_CHECKED[1]:
@@ -126,15 +116,13 @@ class WimOnlineDPOTrainer(OnlineDPOTrainer):
         return (torch.tensor(choice.first_chosen, dtype=torch.bool, device=device),
                 torch.tensor(choice.keep, dtype=torch.bool, device=device))
 
-    def training_step(self, model, inputs: dict[str, Any], num_items_in_batch=None
-                      ) -> torch.Tensor:
+    def training_step(self, model, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
         model.train()
         prompts = inputs["prompt"]
         if "image" in inputs:
             raise ValueError("WimOnlineDPOTrainer takes text prompts only")
         b = len(prompts)
-        prompt_ids, prompt_mask, completion_ids, completion_mask, _ = self._generate(model,
-                                                                                     prompts)
+        prompt_ids, prompt_mask, completion_ids, completion_mask, _ = self._generate(model, prompts)
         eos = torch.tensor(self.eos_token_ids, device=completion_ids.device)
         contain_eos = torch.any(torch.isin(completion_ids, eos), dim=-1)
         batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)

@@ -1,8 +1,6 @@
-"""Where training's processes and weights go, on a GPU box as on a CPU: one GPU per process
-outside a launcher, the ranks under `accelerate launch`, whole copies of LoRA weights that
-DeepSpeed ZeRO-3 partitions, and float32 LoRA weights on a quantized (QLoRA) base. Used by
-offline DPO (training/train.py) and online DPO (training/online.py); checked on a CPU by
-tests/training/test_gpu_paths.py and on a GPU by tests/gpu_check.py."""
+"""Where training's processes and weights go, offline and online: one GPU per process, launcher
+ranks, LoRA weights gathered under ZeRO-3, float32 LoRA on a quantized base. Checked by
+tests/training/test_gpu_paths.py (CPU) and tests/gpu_check.py (GPU)."""
 
 from __future__ import annotations
 
@@ -23,11 +21,9 @@ def process_state():
 
 
 def one_gpu_per_process(args):
-    """`args` (a TrainingArguments) with one GPU for this process. Outside a launcher
-    transformers gives a process every visible GPU (`n_gpu`) and wraps the model in
-    nn.DataParallel: TRL's DPO refuses that, online DPO would run on it silently (an n_gpu x
-    batch, no autocast). wim trains on the first GPU, where it sampled and judged; `accelerate
-    launch` (configs/accelerate/ddp.yaml) uses them all, one per process."""
+    """`args` (TrainingArguments) with one GPU: outside a launcher transformers would wrap the
+    model in nn.DataParallel over every GPU, which TRL's DPO refuses and online DPO would run
+    silently (an n_gpu x batch, no autocast). The first GPU is where wim sampled and judged."""
     if args.n_gpu > 1:
         logger.warning("%d GPUs are visible and no launcher started wim: training on the first "
                        "only. To train on all: accelerate launch --config_file "
@@ -37,11 +33,9 @@ def one_gpu_per_process(args):
 
 
 def keep_lora_float32(model) -> None:
-    """On a quantized base (QLoRA) TRL casts the trainable weights to bfloat16 (offline and
-    online). With 8 mantissa bits, Adam's step at DPO's learning rates (5e-7 in the paper) is
-    below half a unit in the last place of a LoRA weight, so the weight never changes. The
-    trainable weights go back to float32 here, before the optimizer exists; bfloat16 autocast
-    still computes in bfloat16."""
+    """Trainable weights back to float32 on a quantized base, where TRL casts them to bfloat16:
+    with 8 mantissa bits, Adam's step at DPO's learning rates (5e-7 in the paper) is below half
+    an ulp of a LoRA weight, so it never changes. Call before the optimizer exists."""
     import torch
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -53,9 +47,8 @@ def keep_lora_float32(model) -> None:
 
 
 def gathered(params: dict) -> dict:
-    """Whole copies on the CPU of the named parameters. Under DeepSpeed ZeRO-3 a parameter
-    larger than the persistence threshold is partitioned and its tensor is empty outside a
-    forward; gathering is collective, so every rank calls this. Elsewhere: plain copies."""
+    """Whole CPU copies of the named parameters: ZeRO-3 partitions one above its persistence
+    threshold (empty outside a forward). Collective: every rank calls this."""
     import contextlib
 
     import torch

@@ -4,6 +4,7 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -44,11 +45,10 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
     if "train" not in stages:
         raise InputError("--skip-train with training.rounds > 1: a later round needs the "
                          "previous round's adapter; set training.rounds=1 to build pairs only.")
-    res = resources or Resources(cfg)
     reports: list[dict[str, Any]] = []
     skipped: list[str] = []
     previous = cfg.policy.adapter
-    try:
+    with contextlib.closing(resources or Resources(cfg)) as res:
         for r in range(1, rounds + 1):
             rdir = round_dir(run, r)
             rcfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
@@ -65,8 +65,6 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
             previous = str(rdir.file("train") / "adapter")  # absolute: round_dir resolves
-    finally:
-        res.close()
     if "eval" in stages:  # the final policy (last round's adapter) against the base, once
         eval_stats = run_stages_with_training(cfg, run, ("eval",), progress=progress)
         skipped += eval_stats["run/skipped_stages"]
@@ -94,5 +92,3 @@ def _start_round(run: RunDir, rdir: RunDir, r: int, rounds: int, previous: str |
     rdir.ensure_folder()
     marker.write_text(json.dumps({"round": r, "previous_adapter": previous,
                                   "previous_adapter_sha256": sha}, indent=2))
-
-

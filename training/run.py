@@ -1,7 +1,5 @@
-"""`wim run` and `wim train`: the data stages (data_gen/pipeline.py), then DPO on the pairs,
-then the blind evaluation of the trained policy against its base, then the report, in one run
-directory.
-More: docs/design.md, "Module notes".
+"""`wim run` and `wim train`: the data stages, DPO, the blind evaluation and the report, in one
+run directory. More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The train stage (`wim train`, and `wim run` after pairs): offline DPO, a LoRA adapter trained
-with `trl.DPOTrainer` on a run's `pairs.jsonl` into DIR/train/.
-
-The reference model is the base model with the adapter disabled (TRL does this when it gets a
-`peft_config`), so only one copy of the weights is in memory. torch, trl, peft and datasets are
-imported inside functions so that `import training.train` stays cheap.
+with `trl.DPOTrainer` on a run's `pairs.jsonl` into DIR/train/. torch, trl, peft and datasets
+are imported inside functions so that `import training.train` stays cheap.
 """
-
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -77,32 +74,16 @@ def train_dpo_model(
     resume_key: str | None = None,
     lm: tuple[Any, Any] | None = None,
 ) -> tuple[dict[str, float | int], Any]:
-    """Train a LoRA adapter with DPO on the pairs and save it to `out_dir/adapter`.
+    """Train a LoRA adapter with DPO on the pairs and save it to `out_dir/adapter`, with
+    metrics.json, log_history.json and ranks/<rank>.json. Returns (metrics, trained model).
 
-    `lm`: (model, tokenizer) already in memory (the policy the pipeline sampled and judged
-    with), trained in place, so no second copy of the weights is loaded. A peft `PeftModel`
-    (the adapter of an earlier round) continues training its adapter when `training.adapter`
-    is `continue` (TRL keeps a frozen copy of the adapter, not of the weights, as reference);
-    with `fresh`, or a plain model, a new LoRA adapter is put on the base. Without `lm` the
-    model is loaded in `policy.dtype` (4 bit with `training.load_in_4bit`). In bfloat16 the
-    Trainer runs mixed precision (`bf16=True`: bfloat16 autocast) and the LoRA weights, the only
-    trained ones, stay float32 master weights (peft upcasts an adapter on a bfloat16 base).
-
-    Also writes `out_dir/metrics.json`, `out_dir/log_history.json` and `out_dir/ranks/<rank>.json`
-    (steps taken by each process). Returns (metrics, trained model): `train/steps`,
-    `train/loss_first`, `train/loss_last`, `train/pairs`, `train/seconds`, reward accuracy and
-    margin (last logged step), `train/lora_delta_norm` (L2 change of the LoRA weights, > 0 once
-    anything was learned), `train/peak_rss_mb` and, on a GPU, `train/peak_gpu_mb`.
-    Raises InputError when there are no pairs, ConfigError when `cfg.dpo.extra` names a
-    non-DPOConfig field.
-
-    Checkpoints go to `out_dir/trainer/checkpoint-*` every `dpo.save_steps` steps. When that
-    folder holds checkpoints of a training with the same `resume_key` (the caller's hash of the
-    config and pairs), training resumes from the last one (`train/resumed_from_step`);
-    checkpoints of any other training are deleted first, never resumed.
+    `lm`: (model, tokenizer) already in memory, trained in place (docs/design.md, "Training:
+    rounds, online DPO, devices"); without it the policy is loaded in `policy.dtype`.
+    `train/lora_delta_norm` is the L2 change of the LoRA weights (> 0 once anything was
+    learned). Checkpoints (`out_dir/trainer/checkpoint-*`) are resumed only by a training with
+    the same `resume_key` (the caller's hash of the config and pairs), else deleted.
+    Raises InputError without pairs, ConfigError when `cfg.dpo.extra` names a non-DPOConfig field.
     """
-    import torch
-
     from training.dpo_trainer import WimDPOTrainer
 
     pairs_path, out_dir = Path(pairs_path), Path(out_dir)
@@ -119,7 +100,6 @@ def train_dpo_model(
     model, tokenizer = lm
     model, peft_config = _adapter_to_train(cfg, model)
     _reset_peak_memory()
-    # eager attention for bfloat16 on a CPU (cpu_attention.py)
     with training_attention(model, args.max_length) as attention:
         trainer = WimDPOTrainer(
             model=model,
@@ -144,19 +124,17 @@ def train_dpo_model(
         seconds = time.perf_counter() - start
 
     final = gathered(lora)  # ZeRO-3 leaves partitioned LoRA tensors empty outside a forward
-    with torch.no_grad():
-        delta = sum(float((final[n] - initial[n]).pow(2).sum()) for n in final)
+    delta = sum(float((final[n] - initial[n]).pow(2).sum()) for n in final)  # detached copies
     trained = trainer.model
     if "ref" in getattr(trained, "peft_config", {}):
         trained.delete_adapter("ref")  # TRL's frozen reference copy of a continued adapter
     trained.eval()
     history = trainer.state.log_history
-    metrics = _summarize(history, trainer.state.global_step, n_pairs, seconds)
-    metrics["train/lora_delta_norm"] = math.sqrt(delta)
-    metrics.update(_precision(args, trained, lora))
-    metrics["train/attention"] = attention
-    metrics["train/resumed_from_step"] = _step_of(checkpoint)
-    metrics.update(peak_memory("train"))
+    metrics = {**_summarize(history, trainer.state.global_step, n_pairs, seconds),
+               "train/lora_delta_norm": math.sqrt(delta), **_precision(args, trained, lora),
+               "train/attention": attention,
+               "train/resumed_from_step": int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0,
+               **peak_memory("train")}
     _write_rank(out_dir, state, trainer.state.global_step, final)
     if state.is_main_process:
         save_adapter(trained, tokenizer, out_dir / "adapter", final)
@@ -167,13 +145,8 @@ def train_dpo_model(
 
 
 def lora_inputs_uncast(model, args):
-    """While the Trainer autocasts to bfloat16 (`bf16=True`), peft's LoRA layers leave their
-    input as it comes: by default each casts its bfloat16 input to its float32 weights' dtype,
-    and autocast casts it straight back to bfloat16 for the matrix product, two copies of every
-    LoRA input forward and two backward that change no result (tests/training/test_dpo.py).
-    Any other training is left as it is."""
-    import contextlib
-
+    """Under bfloat16 autocast, peft's LoRA layers take their input uncast: peft's cast to the
+    float32 weights, undone by autocast, copies every LoRA input and changes no result."""
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model) if args.bf16 else contextlib.nullcontext()
@@ -223,8 +196,7 @@ def peak_memory(prefix: str) -> dict[str, float]:
     import torch
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    out = {f"{prefix}/peak_rss_mb": round(rss / (1 << 20 if sys.platform == "darwin" else 1024),
-                                          1)}
+    out = {f"{prefix}/peak_rss_mb": round(rss / (1 << 20 if sys.platform == "darwin" else 1024), 1)}
     if torch.cuda.is_available():
         out[f"{prefix}/peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / (1 << 20), 1)
     return out
@@ -233,10 +205,7 @@ def peak_memory(prefix: str) -> dict[str, float]:
 def _write_rank(out_dir: Path, state, steps: int, lora: dict) -> None:
     """`ranks/<rank>.json`: this process's steps and a checksum of its LoRA weights (equal on
     every rank when data-parallel training kept them in sync)."""
-    import torch
-
-    with torch.no_grad():
-        checksum = sum(float(p.detach().double().abs().sum()) for p in lora.values())
+    checksum = sum(float(p.detach().double().abs().sum()) for p in lora.values())
     folder = out_dir / "ranks"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{state.process_index}.json").write_text(json.dumps(
@@ -278,10 +247,6 @@ def _initial_lora(start: dict, path: Path, resuming: bool, main: bool = True) ->
     return start
 
 
-def _step_of(checkpoint: str | None) -> int:
-    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
-
-
 def _count_pairs(pairs_path: Path) -> int:
     if not pairs_path.is_file():
         raise InputError(f"pairs file '{pairs_path}' does not exist; run `wim pairs` first.")
@@ -297,9 +262,8 @@ def _count_pairs(pairs_path: Path) -> int:
 
 
 def precompute_reference(cfg: Config, n_pairs: int, processes: int = 1) -> bool:
-    """`dpo.reference_pass`: precompute the reference log-probabilities (one forward per pair
-    before training) or not (one per pair and step). `auto`: precompute when the training sees
-    the pairs more than once, so that the one pass replaces several."""
+    """`dpo.reference_pass`: precompute the reference (`auto`: when training sees a pair more
+    than once, so that one pass replaces several; docs/design.md, "Training")."""
     if cfg.dpo.reference_pass != "auto":
         return cfg.dpo.reference_pass == "precompute"
     seen = (cfg.dpo.max_steps * cfg.dpo.per_device_train_batch_size
@@ -307,8 +271,7 @@ def precompute_reference(cfg: Config, n_pairs: int, processes: int = 1) -> bool:
     return seen > n_pairs
 
 
-def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int,
-              processes: int = 1):
+def _dpo_args(cfg: Config, output_dir: Path, progress: bool, n_pairs: int, processes: int = 1):
     """`trl.DPOConfig` for this training (training/trl_config.py, shared with online DPO)."""
     return dpo_config(cfg, output_dir, progress, precompute_reference(cfg, n_pairs, processes))
 

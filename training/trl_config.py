@@ -1,9 +1,6 @@
-"""The one mapping from the config to TRL's training arguments: `trl.DPOConfig` for offline DPO
-(training/train.py), `OnlineDPOConfig` for online DPO (training/online.py).
-
-Every `dpo:` key and every `dpo.extra` key reaches the config or is refused with a ConfigError
-that names it; none is dropped. trl and torch are imported inside functions so that importing
-this module stays cheap.
+"""The one mapping from the config to TRL's training arguments, offline and online; every `dpo:`
+and `dpo.extra` key arrives or is refused by name (docs/design.md, "Training: rounds, online DPO,
+devices"). trl and torch are imported inside functions so that importing this stays cheap.
 """
 
 from __future__ import annotations
@@ -17,17 +14,14 @@ from training.placement import one_gpu_per_process
 from wim.config import Config, ConfigError
 
 # dpo.extra keys that another config key sets: the key to set instead.
-OFFLINE_OWN_KEYS = {
-    "precompute_ref_log_probs": "dpo.reference_pass (auto, precompute or per_step)"}
+OFFLINE_OWN_KEYS = {"precompute_ref_log_probs": "dpo.reference_pass (auto, precompute or per_step)"}
 ONLINE_OWN_KEYS = {"max_new_tokens": "training.online_max_new_tokens",
                    "temperature": "training.online_temperature",
                    "top_p": "generation.top_p"}
 
-# dpo: keys online DPO has no use for: (the value that says what online does, why and what to
-# do). Any value but that one or DPOSection's default is refused, never silently dropped.
-# save_steps is refused rather than passed on: online_run never resumes (it calls train() from
-# step 0 and clears online_judgements.jsonl), and WimReward's running totals are in no
-# checkpoint, so checkpoints would cost disk and time and could not be resumed from.
+# dpo: keys online DPO has no use for: (the value that says what online does, why). Any other
+# value but the default is refused. No checkpoints: online_run restarts from step 0, and
+# WimReward's running totals are in no checkpoint, so one could not be resumed from.
 ONLINE_UNUSED = {
     "reference_pass": ("per_step", "online DPO computes the reference log-probabilities every "
                        "step, on that step's new samples, so there is nothing to precompute; "
@@ -38,8 +32,7 @@ ONLINE_UNUSED = {
 
 
 def dpo_config(cfg: Config, output_dir: Path, progress: bool, precompute_ref: bool):
-    """`trl.DPOConfig` for offline DPO: every `dpo:` key (`reference_pass` as
-    `precompute_ref`, decided by the caller) and `dpo.extra`."""
+    """`trl.DPOConfig`: every `dpo:` key (`reference_pass` as `precompute_ref`) and `dpo.extra`."""
     from trl import DPOConfig
 
     section = _section(cfg)
@@ -56,8 +49,7 @@ def dpo_config(cfg: Config, output_dir: Path, progress: bool, precompute_ref: bo
 
 
 def online_dpo_config(cfg: Config, output_dir: Path, progress: bool):
-    """`OnlineDPOConfig` for online DPO: every `dpo:` key it can take, `dpo.extra`, and the
-    sampling settings of `training.online_*` and `generation.top_p`."""
+    """`OnlineDPOConfig`: the `dpo:` keys it takes, `dpo.extra`, `training.online_*`, top_p."""
     from trl.experimental.online_dpo import OnlineDPOConfig
 
     section = _section(cfg)
@@ -117,8 +109,7 @@ def _shared(cfg: Config, output_dir: Path, progress: bool) -> dict[str, Any]:
     device, dtype = device_and_dtype(cfg.policy.dtype)
     return dict(
         output_dir=str(output_dir),
-        # picked, not pinned: the GPU whenever there is one (the Trainer refuses bf16 on a CPU
-        # unless told it is one)
+        # the GPU whenever there is one (the Trainer refuses bf16 on a CPU unless told it is one)
         use_cpu=device == "cpu",
         bf16=dtype == torch.bfloat16,  # mixed precision: bfloat16 autocast, float32 LoRA weights
         # TRL turns checkpointing on by default; it is a config switch here (memory vs time).
