@@ -1,10 +1,5 @@
-"""How often our rankings agree with a source's own preferences (`generation.source`).
-
-A source that carries preferences gives one labelled pair per prompt: its chosen response
-against its rejected one, or the highest-rated against the lowest (all ratings equal: a label
-tie). One pair per prompt keeps the pairs independent, so the interval is that of the test.
-Each pair is ranked by every system as in `wim validity`; the result goes to
-DIR/agreement.json, which the report shows.
+"""How often our rankings agree with a source's own preferences (`generation.source`), one
+labelled pair per prompt, into DIR/agreement.json (docs/design.md, "Responses from a source").
 """
 
 from __future__ import annotations

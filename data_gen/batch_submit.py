@@ -1,10 +1,6 @@
 """`wim judge DIR --batch-submit`: the batch request files sent to an OpenAI-compatible Files and
-Batches API at judge.http's base URL; then `wim judge DIR` polls, downloads the outputs and takes
-them in (data_gen/judge_batch.py).
-
-DIR/batch/submitted.json records each file's upload and batch, atomically before and after
-each call; a call whose answer was lost is found again (an upload by its name
-`wim-<sha256 prefix>-<file>`, a batch by its input file), so a rerun submits nothing twice.
+Batches API at judge.http's base URL, each step recorded in DIR/batch/submitted.json so that a
+rerun submits nothing twice (docs/design.md, "Judging", "Batch files").
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""DIR/dataset/: the pairs and every judgement, in the Hub's layout, for `export.push_to_hub`.
-
-Two configs next to one card: `default`, the pairs (as DIR/pairs/ holds them), and
-`completions`, one row per prompt in UltraFeedback's shape with every response and its
-judgement, so a user can re-rank or re-score. The values are scores.jsonl's own, copied; the
-ranks are the only thing added. Both files are written as they are read.
+"""DIR/dataset/: the pairs and every judgement, in the Hub's layout, for `export.push_to_hub`
+(docs/design.md, "Responses from a source, and the dataset card").
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Stage fingerprints: finished work is not redone.
-
-After a stage finishes, `stats/<stage>.json` gets a `fingerprint`: the sha256 of what the stage
-read (config sections, shard, prompts, input files) and of each file it wrote; when both still
-match, the stage is skipped. A stage that lost records to backend failures is never
-fingerprinted, so the next run retries it. A change upstream changes an input hash downstream.
+"""Stage fingerprints: finished work is not redone (docs/design.md, "The run directory"). A
+stage that lost records to backend failures is never fingerprinted, so the next run retries it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Work that flows: calls to a backend kept in flight across batch boundaries.
-
-A server with continuous batching (vLLM, SGLang) idles while a stage waits for the slowest
-request of a batch, so the stages run several batches at once and still take their results in
-batch order (records are written in a deterministic order; resume and shards stay exact).
+"""Work that flows: calls to a backend kept in flight across batch boundaries, since a server
+with continuous batching (vLLM, SGLang) idles while a stage waits for a batch's slowest request
+(docs/design.md, "The run directory").
 """
 
 from __future__ import annotations
@@ -36,11 +34,9 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterat
 
 
 def batch_window(max_in_flight: int, requests_per_batch: int) -> int:
-    """How many batches to run at once so that `max_in_flight` requests stay busy. Results are
-    taken in order, so a batch whose slowest request lags holds its place in the window while
-    the batches after it finish; request times have a long tail, so the window holds about 5
-    slots' worth of batches, not 1 (a simulated 64-slot server with lognormal request times:
-    tests/benchmarks/bench_scale.py, results/scale.txt)."""
+    """Batches at once to keep `max_in_flight` requests busy: about 5 slots' worth, not 1, since
+    results are taken in order and a lagging batch holds its place (lognormal request times on a
+    simulated 64-slot server: tests/benchmarks/bench_scale.py, results/scale.txt)."""
     if max_in_flight <= 1:
         return 1
     return 2 + 5 * -(-max_in_flight // max(1, requests_per_batch))

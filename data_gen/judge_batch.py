@@ -1,11 +1,6 @@
 """Batch-file judging (`judge.batch: true`, `wim judge DIR --batch-results OUT...`): an external
-http judge's requests written as OpenAI Batch JSONL, run elsewhere (`vllm run_batch`, OpenAI's
-Batch API), and their answers taken back through the live judge's own code.
-
-The `HTTPBackend`'s client is swapped for a `BatchClient`: writing, it records each request
-body the backend would have POSTed and answers with a failure (nothing recorded); ingesting,
-it answers from the result lines through the backend's own reply parser. custom_id is the
-record key (`<prompt_id>#<sample_idx>`, `@<attempt>` for a retry): ingestion is idempotent.
+http judge's requests written as OpenAI Batch JSONL and their answers taken back through the
+live judge's own code (docs/design.md, "Judging", "Batch files").
 """
 
 from __future__ import annotations

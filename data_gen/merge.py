@@ -1,9 +1,5 @@
-"""`wim merge`: join shard run directories into one.
-
-Shards must come from one config (same run identity and shard count, distinct indices), no
-(prompt_id, sample_idx) key may repeat, and every shard must be there unless `allow_partial`.
-The merged folder holds samples.jsonl and judgements.jsonl in key order, written as the shards'
-files are read (offsets are held, not records); `wim run CONFIG --out MERGED` goes on from it.
+"""`wim merge`: join shard run directories (one config, distinct indices, no key twice) into
+one, samples.jsonl and judgements.jsonl written in key order as the shards' files are read.
 """
 
 from __future__ import annotations

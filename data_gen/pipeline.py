@@ -81,9 +81,8 @@ class Resources:
             from wim.sources import Source, source_sha256
 
             g = self.cfg.generation
-            sha = source_sha256(g.source, g.source_split)
             self._source = (Source(g.source, g.source_split, g.source_shape, g.source_columns,
-                                   self.cfg.prompts.limit), sha)
+                                   self.cfg.prompts.limit), source_sha256(g.source, g.source_split))
         return self._source
 
     def inputs_sha256(self) -> str:

@@ -1,9 +1,5 @@
-"""The score stage (`wim score`): scores.jsonl from judgements.jsonl (no judge calls), streamed.
-
-Each batch of judgements is validated (another tool may have written the file); its missing
-similarities (similarity_store.py) come from one embedder call. Memory holds one batch. The
-same command (embedder, zeta, parse-failure policy) resumes a killed pass exactly; other
-settings start scores.jsonl afresh. At zeta 0 missing similarities stay null, none embedded.
+"""The score stage (`wim score`): scores.jsonl from judgements.jsonl (no judge calls), streamed
+and resumable (docs/design.md, "Scoring and pairs").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""DIR/similarities.sqlite: every WIM similarity of a run, computed once.
-
-A similarity depends only on the embedder (its `identity`: backend, model, dtype), the
-response and the critique: stored under their sha256, it is reused bit for bit by every
-re-score, `wim compare` arm and resumed run. During a pass the texts' vectors are kept too, so
-a resumed pass embeds exactly what the uninterrupted one would have (a batch's vectors depend
-on what is embedded with it); a finished pass drops them (1.5 KB a text, a similarity 8 B).
+"""DIR/similarities.sqlite: every WIM similarity of a run, computed once (docs/design.md,
+"Scoring and pairs"). A pass's vectors are dropped when it finishes (1.5 KB a text, a
+similarity 8 B).
 """
 
 from __future__ import annotations

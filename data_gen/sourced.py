@@ -1,10 +1,5 @@
-"""The generate stage when `generation.source` is set: existing responses into samples.jsonl.
-
-Nothing is sampled and no policy is loaded. Each response becomes one sample record in the
-source's order, with its origin and, where the source has them, its label (`source_label`) or
-rating (`source_rating`), so the report can compare our rankings with the source's own. The
-source is streamed, never held whole; shards batch prompts as sampling does, from their ids
-and lengths, and resume appends only the missing records.
+"""The generate stage when `generation.source` is set: existing responses into samples.jsonl,
+streamed, nothing sampled (docs/design.md, "Responses from a source").
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """What the data stages share: shards, batches and their seeds, the progress bar, stats.
-
-Prompts are sorted by length (less padding) and cut into fixed batches. A batch's seed comes
-from its index, and batches are what shards split and resume skips, so a resumed run or merged
-shards hold exactly the records of one uninterrupted run.
+Batches are what seeds, shards and resume count in, so a resumed run or merged shards hold
+exactly the records of one uninterrupted run.
 """
 
 from __future__ import annotations

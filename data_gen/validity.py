@@ -1,14 +1,6 @@
-"""`wim validity CONFIG`: scorer validity on gold preference pairs, in the manner of RewardBench.
-
-Each gold pair holds a prompt, a `chosen` answer known to be better and a `rejected` one. The
-run's judge judges both once, and every scoring system ranks the pair: numeric (zeta 0), WIM
-(zeta 1) and the mixes at `scoring.report_zetas`, `scoring.zeta` and `eval.compare_zetas`
-(statistics: validity_table.py); a failed judgement is a failure, not right or wrong, and
-"longer answer" is a reference. Fewer ties only help if the winner is right.
-
-Gold: the bundled set (wim/data/gold_pairs.jsonl: 48 pairs written for this project, 6 in each
-of the 8 bundled domains), or a .jsonl/.json/.csv with prompt, chosen and rejected (strings, or
-chat messages as in TRL's preference format), optional id, domain.
+"""`wim validity CONFIG`: scorer validity on gold preference pairs, in the manner of RewardBench:
+fewer ties only help if the winner is right (docs/design.md, "Held-out evaluation, arms, scorer
+validity"; the table: validity_table.py).
 """
 
 from __future__ import annotations

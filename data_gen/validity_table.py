@@ -1,8 +1,6 @@
 """The validity table: how often each scoring system ranks the better answer of a pair first.
-
-Pure functions over scored records, shared by `wim validity` (validity.py) and the agreement
-with a source's labels (agreement.py). Nothing here loads a model or imports the pipeline, so
-the pairs stage can use it without a circle.
+Pure, shared by validity.py and agreement.py: nothing here imports the pipeline, so the pairs
+stage can use it without a circle.
 """
 
 from __future__ import annotations
@@ -120,9 +118,8 @@ def _row(cfg: Config, domains: list[str], outcomes: list[float | None]) -> dict:
 
 def paired_vs_numeric(system: list[float | None], numeric: list[float | None]) -> dict:
     """One system against numeric on the pairs both scored: the accuracy difference (ties half)
-    with the t-test of the per-pair differences and its own 95% interval (`mean_test`): one
-    quantity. (An exact McNemar test counted only "strictly right" and called 12 pairs scored
-    as a tie against a wrong numeric ranking no difference at all.)"""
+    with the t-test of the per-pair differences and its own 95% interval (why not McNemar:
+    docs/design.md, "Held-out evaluation, arms, scorer validity")."""
     both = [(a, b) for a, b in zip(system, numeric, strict=True)
             if a is not None and b is not None]
     diffs = [a - b for a, b in both]
