@@ -95,8 +95,7 @@ class _Summary:
 
 
 class PairStatistics:
-    """`pair_statistics` one prompt at a time: `add` each prompt's scored records, then
-    `result()`. Holds counters per system and domain, never the records."""
+    """`pair_statistics` one prompt at a time (`add`, then `result()`): counters, no records."""
 
     def __init__(self, zeta: float, zetas: list[float], tol: float = 1e-6) -> None:
         self.zeta, self.zetas, self.tol = zeta, list(zetas), tol
@@ -112,9 +111,7 @@ class PairStatistics:
             self._present.update(v)
         self._all.add(values)
         domain = records[0].get("domain") or "none"
-        if domain not in self._domains:
-            self._domains[domain] = _Summary(self._base, self.tol)
-        self._domains[domain].add(values)
+        self._domains.setdefault(domain, _Summary(self._base, self.tol)).add(values)
 
     def result(self) -> dict[str, float]:
         systems = [s for s in self._base if s in self._present]
@@ -137,9 +134,7 @@ def pair_statistics(
     scored: list[dict[str, Any]], zeta: float, zetas: list[float], tol: float = 1e-6
 ) -> dict[str, float]:
     """`pairs/...` metrics overall, `zeta/<z>/...` for the sweep, `domain/<d>/...` per domain.
-
-    `tol` is `pairs.tie_tolerance`, on the 1-10 scale, so the report counts ties as the pairs do.
-    """
+    `tol` is `pairs.tie_tolerance` (1-10 scale), so the report counts ties as the pairs do."""
     stats = PairStatistics(zeta, zetas, tol)
     for records in group_by_prompt(scored).values():
         stats.add(records)

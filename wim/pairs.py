@@ -45,15 +45,12 @@ def build_pairs(
 ) -> tuple[list[dict[str, Any]], PairCounts]:
     """Pair rows (with audit columns) and the counts of what happened to each prompt."""
     counts = PairCounts()
-    rows = list(pair_rows(group_by_prompt(scored).values(), cfg, counts, seed))
-    return rows, counts
+    return list(pair_rows(group_by_prompt(scored).values(), cfg, counts, seed)), counts
 
 
 def pair_rows(groups: Iterable[list[dict[str, Any]]], cfg: PairsConfig, counts: PairCounts,
               seed: int = 0) -> Iterator[dict[str, Any]]:
-    """The pair rows of each prompt's records (sorted by sample_idx), as they come; `counts`
-    is filled in as the rows are taken (complete once the iterator is exhausted). The same
-    groups in the same order give the same rows as `build_pairs`."""
+    """Pair rows of each prompt's records (by sample_idx); `counts` is complete when exhausted."""
     rng = random.Random(seed)
     for records in groups:
         counts.prompts += 1
@@ -88,9 +85,8 @@ def _candidates(usable, cfg: PairsConfig, rng: random.Random):
 def choose(a: float, b: float, tolerance: float, tie_policy: str, a_first: bool = True,
            rng: random.Random | None = None) -> tuple[bool | None, bool]:
     """The one tie rule, for offline pairs and online DPO alike: (is `a` chosen, None when
-    the pair is dropped; was it a tie). The higher score is chosen unless the two tie
-    (`is_tie` on the 1-10 scale); a tie is dropped (`drop`), goes to the first completion
-    (`first`; `a_first` says which that is) or to a coin of `rng` (`random`)."""
+    dropped; was it a tie). On a tie (`is_tie` on the 1-10 scale) the first completion
+    (`a_first` says which) or a coin of `rng` wins, or the pair is dropped."""
     if not is_tie(ten_point_gap(a, b), tolerance):
         return a > b, False
     if tie_policy == "drop":

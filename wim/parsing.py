@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from wim.judge_prompts import MODES
+
+_Words = TypeVar("_Words", str, list[str])
 
 # Critiques that mean "nothing is missing". Matched after `_normalize_form` (lowercase, single
 # spaces, no punctuation at the ends), so "None.", "N/A" and '"Nothing is missing!"' all match.
@@ -38,11 +42,9 @@ _LABEL_TAIL = (
 _RATING_LABEL = re.compile(r"(?<![A-Za-z0-9])rating" + _LABEL_TAIL, re.IGNORECASE)
 _MISSING_LABEL = re.compile(r"(?<![A-Za-z0-9])missing" + _LABEL_TAIL, re.IGNORECASE)
 # A "Missing" label at the start of a line, after optional markdown (heading, bullet, bold).
-_LINE_MISSING_LABEL = re.compile(
-    r"^[ \t*_#>+`-]*missing" + _LABEL_TAIL, re.IGNORECASE | re.MULTILINE
-)
+_LINE_MISSING_LABEL = re.compile(r"^[ \t*_#>+`-]*missing" + _LABEL_TAIL, re.I | re.M)
 # Labels repeated at the start of a critique ("Missing:" prefill + "**Missing:** ...").
-_LEADING_MISSING_LABELS = re.compile(r"(?:[\s*_#>+`-]*missing" + _LABEL_TAIL + ")+", re.I)
+_LEADING_MISSING_LABELS = re.compile(r"^(?:[\s*_#>+`-]*missing" + _LABEL_TAIL + ")+", re.I)
 _MARKUP = re.compile(r"[\s*_`\"']*")
 _VALUE = re.compile(
     r"(?P<sign>[-+\u2212]?)(?P<int>[0-9]+)(?P<frac>[.,][0-9]+)?"
@@ -83,14 +85,12 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
     """Parse a judge's full output (prefills included) in `mode` 'wim' or 'numeric'.
 
     wim mode needs a "Missing" field (or `[[[...]]]`) and a valid rating; numeric mode only the
-    rating (critique None). `instructions`: the judge instructions, to recognise a critique that
-    copies them. Never raises on any text; raises ValueError only for an unknown `mode`.
-    """
+    rating (critique None). `instructions` (the judge's) recognise a critique that copies them.
+    Never raises on any text; raises ValueError only for an unknown `mode`."""
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
     text = _as_text(text)
-    guided = _from_json(text)
-    if guided is not None:
+    if (guided := _from_json(text)) is not None:
         return _parse_json(*guided, mode, instructions)
     if _AUTHORS_RATING.search(text):
         return _parse_authors(text, mode, instructions)
@@ -101,9 +101,8 @@ def parse_judgement(text: str, mode: str = "wim", instructions: str = "") -> Par
 
 
 def _from_json(text: str) -> tuple[object, object] | None:
-    """(missing, rating) of a JSON object with a "rating" (and "missing") key, as a server
-    writes it for the guided format (wim/judge_prompts.py judge_json_schema); None for any
-    other text. `missing` is None when absent or null."""
+    """(missing, rating) of a guided-format JSON object (wim/judge_prompts.py judge_json_schema)
+    with a "rating" key, `missing` None when absent or null; None for any other text."""
     stripped = _CODE_FENCE.sub("", text).strip()
     if not (stripped.startswith("{") and stripped.endswith("}")):
         return None
@@ -121,9 +120,7 @@ def _from_json(text: str) -> tuple[object, object] | None:
 
 def _parse_json(missing: object, rating_value: object, mode: str,
                 instructions: str) -> ParsedJudgement:
-    """A guided judgement's values checked by the text format's rules, each on its own: the
-    critique is never searched for labels, so one that mentions "Rating: 0" or "[[3]]" keeps
-    the JSON's rating."""
+    """A guided judgement's values, each checked alone: "[[3]]" in a critique is no rating."""
     rating, rating_error = _rating_value(_json_value(rating_value))
     critique = None if missing is None else normalize_critique(
         _clean_critique(_json_value(missing)))
@@ -146,7 +143,6 @@ def _parse_authors(text: str, mode: str, instructions: str) -> ParsedJudgement:
 
 def _judgement(mode: str, critique: str | None, rating: int | None, rating_error: str | None,
                no_critique: str, instructions: str) -> ParsedJudgement:
-    """The parse of `mode`: numeric mode keeps only the rating, wim mode needs the critique."""
     if mode == "numeric":
         return ParsedJudgement(None, rating, rating is not None, rating_error)
     errors = [rating_error] if rating_error else []
@@ -185,14 +181,17 @@ def normalize_critique(critique: str) -> str:
 
 
 def _normalize_form(text: str) -> str:
-    words = text.lower().split()
-    joined = " ".join(words)
-    start, end = 0, len(joined)
-    while start < end and not joined[start].isalnum():
+    return _trim(" ".join(text.lower().split()), str.isalnum)
+
+
+def _trim(items: _Words, keep: Callable[[str], object]) -> _Words:
+    """`items` without the ones at either end for which `keep` is false."""
+    start, stop = 0, len(items)
+    while start < stop and not keep(items[start]):
         start += 1
-    while end > start and not joined[end - 1].isalnum():
-        end -= 1
-    return joined[start:end]
+    while stop > start and not keep(items[stop - 1]):
+        stop -= 1
+    return items[start:stop]
 
 
 _NOTHING_FORMS = frozenset(_normalize_form(form) for form in NOTHING_MISSING)
@@ -214,10 +213,8 @@ def _find_rating(
     if not labels:
         return None, "no rating found", None
     for label in reversed(labels):
-        value = _VALUE.match(text, _MARKUP.match(text, label.end()).end())
-        if value is not None:
-            rating, error = _check_value(value)
-            return rating, error, label
+        if (value := _VALUE.match(text, _MARKUP.match(text, label.end()).end())) is not None:
+            return (*_check_value(value), label)
     label = labels[-1]
     start = _MARKUP.match(text, label.end()).end()
     shown = text[start : start + 80].split("\n", 1)[0].strip().strip("*_`")[:20]
@@ -273,20 +270,10 @@ def _last(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None
 def _clean_critique(raw: str) -> str:
     """Drop markdown and repeated labels, collapse whitespace to single spaces."""
     text = _CODE_FENCE.sub(" ", raw).replace("**", "").replace("`", "")
-    leading = _LEADING_MISSING_LABELS.match(text)
-    if leading is not None:
-        text = text[leading.end() :]
-    text = _LINE_MARKER.sub("", text)
+    text = _LINE_MARKER.sub("", _LEADING_MISSING_LABELS.sub("", text, count=1))
     # Drop words made only of markup at either end ("x __" from "x\n__Rating__: 8"), but keep
     # "__init__"; a word loop, because a regex for this backtracks quadratically.
-    words = text.split()
-    start, stop = 0, len(words)
-    while start < stop and not words[start].strip("*_#>"):
-        start += 1
-    while stop > start and not words[stop - 1].strip("*_#>"):
-        stop -= 1
-    text = " ".join(words[start:stop]).strip("*")
-    quoted = _QUOTED.fullmatch(text)
-    if quoted is not None:
+    text = " ".join(_trim(text.split(), lambda word: word.strip("*_#>"))).strip("*")
+    if (quoted := _QUOTED.fullmatch(text)) is not None:
         text = quoted.group(2)
     return text.strip()

@@ -4,6 +4,7 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -58,18 +59,27 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return [record for _, record in iter_records(path)]
 
 
+def _checked_key(record: dict[str, Any], path: str | Path, number: int,
+                 nonnegative: bool = False) -> Key:
+    """The record's key; RecordsError when it has none (or a negative one, if `nonnegative`)."""
+    try:
+        key = record_key(record)
+        if nonnegative and key[1] < 0:
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise RecordsError(
+            f"{path}, record {number}: no valid prompt_id/sample_idx key. The file was not "
+            "written by wim; delete it (or the run directory) to rebuild this stage."
+        ) from None
+    return key
+
+
 def read_keyed(path: str | Path) -> list[dict[str, Any]]:
     """`read_records` for a keyed stage file; raise RecordsError if a key appears twice."""
     records = read_records(path)
     first: dict[Key, int] = {}
     for number, record in enumerate(records, start=1):
-        try:
-            key = record_key(record)
-        except (KeyError, TypeError, ValueError):
-            raise RecordsError(
-                f"{path}, record {number}: no valid prompt_id/sample_idx key. The file was not "
-                "written by wim; delete it (or the run directory) to rebuild this stage."
-            ) from None
+        key = _checked_key(record, path, number)
         if key in first:
             dupes = len(records) - len({record_key(r) for r in records})
             raise RecordsError(
@@ -83,15 +93,13 @@ def read_keyed(path: str | Path) -> list[dict[str, Any]]:
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(byte offset, record) of each complete line, read line by line ([] if no file): the
-    streaming form of `read_records`, with the same torn-tail and corruption rules."""
+    """(byte offset, record) of each complete line, streamed ([] if no file)."""
     path = Path(path)
     if not path.exists():
         return
     with path.open("rb") as f:
-        offset, number = 0, 0
-        for line in f:
-            number += 1
+        offset = 0
+        for number, line in enumerate(f, start=1):
             start, offset = offset, offset + len(line)
             if not line.endswith(b"\n"):
                 return  # a torn write that never finished
@@ -132,19 +140,10 @@ class KeySet:
 
 
 def iter_keyed(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """`iter_records` for a keyed stage file; raise RecordsError on a record without a valid
-    key or a key that appears twice (as `read_keyed`, without holding the records)."""
+    """`read_keyed` as a stream of `iter_records`, without holding the records."""
     seen = KeySet()
     for number, (offset, record) in enumerate(iter_records(path), start=1):
-        try:
-            key = record_key(record)
-            if key[1] < 0:
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
-            raise RecordsError(
-                f"{path}, record {number}: no valid prompt_id/sample_idx key. The file was not "
-                "written by wim; delete it (or the run directory) to rebuild this stage."
-            ) from None
+        key = _checked_key(record, path, number, nonnegative=True)  # for KeySet
         if not seen.add(key):
             raise RecordsError(
                 f"{path}: key (prompt_id={key[0]!r}, sample_idx={key[1]}) appears twice (again "
@@ -164,10 +163,9 @@ def read_keys(path: str | Path) -> KeySet:
 
 
 class RecordIndex:
-    """Where each prompt's records are in a keyed JSONL file: {prompt_id: [sample_idx, offset,
-    ...]} in arrays, built in one streaming pass. Prompts keep the order of their first record;
-    `read` seeks to a prompt's records, so a stage holds offsets, not records (a prompt's
-    records need not be next to each other: a resumed run appends the rest later)."""
+    """Where each prompt's records are in a keyed JSONL file ({prompt_id: [sample_idx, offset,
+    ...]}), so a stage holds offsets, not records. A prompt's records need not be next to each
+    other: a resumed run appends the rest later."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -229,7 +227,7 @@ def _cut_torn_tail(path: Path) -> None:
             f.truncate(end)
 
 
-class JsonlAppender:
+class JsonlAppender(contextlib.AbstractContextManager):
     """Append records and flush each one, so a kill loses at most the line being written."""
 
     def __init__(self, path: str | Path) -> None:
@@ -263,21 +261,22 @@ class JsonlAppender:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> JsonlAppender:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Replace a whole file at once (derived stages such as scores and pairs)."""
+    write_atomic(path, (json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+
+
+def write_atomic(path: str | Path, chunks: Iterable[str]) -> None:
+    """Replace a whole file with the text `chunks`, or leave it as it was."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.writelines(chunks)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -288,10 +287,8 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
 
 def read_input_jsonl(path: str | Path, label: str, error: type[WimError] = WimError
                      ) -> Iterator[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSONL file a user wrote (prompts, a
-    response source, gold pairs, votes), read line by line. Unlike a stage file's, every line
-    counts: one that is not UTF-8 JSON raises `error` naming the file (as `label`) and the
-    line, and saying how to fix it."""
+    """(line number, value) of each non-blank line of a JSONL file a user wrote, streamed.
+    Unlike a stage file's, every line counts: one that is not UTF-8 JSON raises `error`."""
     path = Path(path)
     try:
         f = path.open(encoding="utf-8-sig")

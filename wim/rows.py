@@ -1,12 +1,10 @@
 """Rows of a prompt or response source, streamed (`iter_rows`), each with its location ("line
-7", "row 12 (counting from 0)") so that the reader of the rows (wim/prompts.py, wim/sources.py)
-names it in an error. A source that cannot be read raises `PromptsError` naming the file or
-dataset and what to change; a hub name fails within seconds when the Hub is offline
-(`hub_offline_reason`).
+7", "row 12 (counting from 0)") for the reader's errors (wim/prompts.py, wim/sources.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections.abc import Iterator
@@ -27,12 +25,10 @@ class PromptsError(WimError):
 def iter_rows(source: str, split: str = "train", limit: int | None = None,
               label: str = "Prompt", column: str | None = "prompt"
               ) -> tuple[Iterator[tuple[str, Any]], str]:
-    """(location, record) pairs of a local .jsonl/.json/.csv/.parquet file, a folder written by
-    `datasets`' `save_to_disk`, or a `datasets` hub name, plus the origin to name in errors
-    ("Prompt file 'x.csv'"). `label` names what the rows are for (`Prompt`, `Response source`);
-    `column`, when given, must be a column of a table or dataset. Rows are read as they are
-    consumed: JSON lines one by one, CSV in chunks, parquet by row groups, a hub dataset as a
-    streaming dataset (cut to `limit` rows; files are cut by whoever stops reading). A missing
+    """(location, record) pairs of a .jsonl/.json/.csv/.parquet file, a `save_to_disk` folder or
+    a `datasets` hub name, and the origin to name in errors ("Prompt file 'x.csv'"). `label`
+    says what the rows are for; `column`, when given, must be a column. Rows are read as they
+    are consumed (a hub dataset cut to `limit` rows; files by whoever stops reading). A missing
     file raises at once; a bad row raises when it is reached."""
     path = Path(source).expanduser()
     suffix = path.suffix.lower()
@@ -58,24 +54,16 @@ def iter_rows(source: str, split: str = "train", limit: int | None = None,
                 "convert the file or rename it to match its contents."
             )
         return rows, f"{label} file {str(path)!r}"
-    rows = _read_hub(source, split, limit, label, column)
-    return rows, f"Dataset {source!r} (split {split!r})"
+    return _read_hub(source, split, limit, label, column), f"Dataset {source!r} (split {split!r})"
 
 
 def _key(label: str) -> str:
     return "prompts.source" if label == "Prompt" else "generation.source"
 
 
-def _what(label: str) -> str:
-    """`label` as the start of a message: 'Prompt source', 'Response source' (not '... source
-    source')."""
-    return label if label.endswith("source") else f"{label} source"
-
-
 def _read_saved(path: Path, split: str, label: str, column: str | None
                 ) -> Iterator[tuple[str, Any]]:
-    """A folder written by `Dataset.save_to_disk` (a DatasetDict: its `split`); memory-mapped,
-    read row by row."""
+    """A folder of `Dataset.save_to_disk` (a DatasetDict: its `split`), memory-mapped."""
     import datasets  # slow to import; only dataset folders need it
 
     try:
@@ -173,12 +161,10 @@ def _read_parquet(path: Path, label: str, column: str | None) -> Iterator[tuple[
 
 
 def _parquet_rows(table) -> Iterator[tuple[str, Any]]:
-    index = 0
     with table:
-        for batch in table.iter_batches(batch_size=_CHUNK_ROWS, use_threads=False):
-            for record in batch.to_pylist():
-                yield f"row {index} (counting from 0)", record
-                index += 1
+        batches = table.iter_batches(batch_size=_CHUNK_ROWS, use_threads=False)
+        rows = itertools.chain.from_iterable(batch.to_pylist() for batch in batches)
+        yield from ((f"row {index} (counting from 0)", r) for index, r in enumerate(rows))
 
 
 def hub_offline_reason() -> str | None:
@@ -204,10 +190,10 @@ def _read_hub(source: str, split: str, limit: int | None, label: str, column: st
     hint = ("Without network access, use a local .jsonl, .csv or .parquet file"
             + (" with a 'prompt' column, or 'bundled'." if label == "Prompt" else
                ", or a folder saved with `save_to_disk`."))
-    offline = hub_offline_reason()
-    if offline is not None:
+    what = label if label.endswith("source") else f"{label} source"  # not "source source"
+    if (offline := hub_offline_reason()) is not None:
         raise PromptsError(
-            f"{_what(label)} {source!r} is not an existing file or folder, and the Hugging Face "
+            f"{what} {source!r} is not an existing file or folder, and the Hugging Face "
             f"Hub (split {split!r}) is offline from here: {offline}. {hint}"
         )
     try:
@@ -216,7 +202,7 @@ def _read_hub(source: str, split: str, limit: int | None, label: str, column: st
         dataset = datasets.load_dataset(source, split=split, streaming=True)
     except Exception as e:  # network, auth, unknown name or split: all end the same way
         raise PromptsError(
-            f"{_what(label)} {source!r} is not an existing file, and it could not be loaded as "
+            f"{what} {source!r} is not an existing file, and it could not be loaded as "
             f"a Hugging Face dataset (split {split!r}): {type(e).__name__}: {one_line(e)}. "
             + hint
         ) from e

@@ -1,4 +1,4 @@
-"""The run directory: the contract between stages (see DESIGN.md).
+"""The run directory: the contract between stages.
 More: docs/design.md, "Module notes".
 """
 
@@ -20,18 +20,18 @@ from pathlib import Path
 
 import yaml
 
-from wim.config import Config, ConfigError, apply_overrides, config_from_dict, judge_http
+from wim.config import Config, apply_overrides, config_from_dict, judge_http
 from wim.errors import WimError
 from wim.precision import machine, pin_dtypes, resolve_dtype, uses_auto
-from wim.records import read_keyed, storage_error
+from wim.records import read_keyed, storage_error, write_atomic
+from wim.sources import source_sha256
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
-# Keys inside the data sections that only change how existing judgements are scored: not part
-# of the run identity (`wim score` may switch them), but part of the score stage's fingerprint.
-SCORING_KEYS = ("judge.on_parse_failure",)
-# The http keys that change which model writes samples or judgements (or which inputs it
-# refuses as too long). concurrency, timeout_s, max_retries and api_key_env change only how
-# requests are sent, never a recorded result, so they may change between runs of one folder.
+# Judge keys outside the run identity: on_parse_failure (`wim score` may switch it; the score
+# stage's fingerprint holds it) and how the requests are sent (live or in batch files).
+JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry")
+# The http keys that change which model writes a record (or what it refuses as too long); the
+# others (concurrency, timeout_s, ...) change only how requests are sent, so may differ per run.
 HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
@@ -52,19 +52,12 @@ def _http_identity(section) -> dict:
 
 
 def identity(cfg: Config) -> dict:
-    """What must not change within one run directory: the data sections, plus the identifying
-    http keys of each server that writes records: the policy's (`http`) and an external
-    judge's (`judge.http`, defaulting to `http`). Base URLs are compared as a set: their order
-    is only the round-robin order. `auto` dtypes are resolved on this machine (imports torch)."""
+    """What must not change within one run directory: the data sections, and the identifying
+    http keys of the policy's server and an external judge's (base URLs as a set: their order
+    is only the round-robin order). `auto` dtypes are resolved on this machine (imports torch)."""
     data = pin_dtypes(cfg).to_dict()
     ident = {k: data[k] for k in DATA_SECTIONS}
-    for key in SCORING_KEYS:
-        section, name = key.split(".")
-        ident[section] = {k: v for k, v in ident[section].items() if k != name}
-    # How the judge's requests are sent (live or in batch files) is not its identity; which
-    # server model answers is.
-    ident["judge"] = {k: v for k, v in ident["judge"].items()
-                      if k not in ("http", "batch", "batch_retry")}
+    ident["judge"] = {k: v for k, v in ident["judge"].items() if k not in JUDGE_NOT_IDENTITY}
     if cfg.policy.backend == "http":
         ident["http"] = _http_identity(cfg.http)
     if cfg.judge.role == "external" and cfg.judge.backend == "http":
@@ -81,12 +74,9 @@ def identity_sha256(cfg: Config, source_sha: str | None = None) -> str:
 
 
 def _readable_source_sha256(cfg: Config) -> str | None:
-    """sha256 of the content of `generation.source` (None when the policy samples, or when the
-    source cannot be read now)."""
+    """sha256 of `generation.source`'s content (None: the policy samples, or it is unreadable)."""
     if cfg.generation.source is None:
         return None
-    from wim.sources import source_sha256
-
     try:
         return source_sha256(cfg.generation.source, cfg.generation.source_split)
     except WimError:
@@ -124,15 +114,13 @@ class RunDir:
         return self.path / "pairs.jsonl"
 
     def write_stats(self, stage: str, stats: dict) -> None:
-        """stats/<stage>.json, the one writer of every stage's counts and timings (and of the
-        fingerprint added when it finishes, data_gen/fingerprints.py)."""
+        """stats/<stage>.json: a stage's counts, timings, fingerprint (data_gen/fingerprints)."""
         folder = self.file("stats")
         folder.mkdir(exist_ok=True)
         (folder / f"{stage}.json").write_text(json.dumps(stats, indent=2))
 
     def require(self, name: str, command: str) -> list[dict]:
-        """The records of a stage's input file, or a clear error naming the stage that makes
-        them (a stage never succeeds on nothing)."""
+        """A stage's input records; none is an error naming the command that makes them."""
         records = read_keyed(self.file(name))
         if not records:
             state = "is empty" if self.file(name).exists() else "does not exist"
@@ -148,10 +136,9 @@ class RunDir:
         return yaml.safe_load(self.config_file.read_text())
 
     def training_dtype(self, cfg: Config) -> str:
-        """The dtype training computes in, decided where training runs: the policy's dtype as
-        the run asked for it, with `auto` resolved on this machine. A directory made on a CPU
-        without native bfloat16 trains in bfloat16 on a GPU that computes it natively; an
-        explicit dtype is kept. (Sampling and judging keep the run's pinned dtype.)"""
+        """The policy's dtype as the run asked for it, `auto` resolved where training runs: a
+        run begun on a CPU without native bfloat16 trains in bfloat16 on a GPU that has it.
+        (Sampling and judging keep the run's pinned dtype.)"""
         requested = cfg.policy.dtype
         if requested != "auto":
             requested = ((self.read_meta() or {}).get("dtype_requested") or {}).get(
@@ -159,10 +146,8 @@ class RunDir:
         return resolve_dtype(requested)
 
     def load_config(self, overrides: Sequence[str] = ()) -> Config:
-        """The run's saved config, with `--set KEY=VALUE` overrides (every command that reads
-        a run directory loads it here)."""
-        meta = self.read_meta()
-        if meta is None:
+        """The run's saved config with `--set KEY=VALUE` overrides (for every command)."""
+        if (meta := self.read_meta()) is None:
             raise RunDirError(
                 f"{self.path} holds no run (no resolved_config.yaml). Start one with "
                 f"`wim run CONFIG --out {self.path}`."
@@ -197,12 +182,9 @@ class RunDir:
         # saves it), so a failed re-score never leaves a config that does not match the files.
 
     def _check_source(self, cfg: Config, meta: dict) -> None:
-        """The content of `generation.source` is part of the identity: the same file name with
-        other responses in it is another run."""
+        """The same `generation.source` name with other content in it is another run."""
         saved = meta.get("source_sha256")
-        if cfg.generation.source is None or saved is None:
-            return
-        now = _readable_source_sha256(cfg)
+        now = None if saved is None else _readable_source_sha256(cfg)
         # Unreadable now (moved, offline): stages that read it fail with the loader's message.
         if now is not None and now != saved:
             raise RunDirError(
@@ -224,24 +206,16 @@ class RunDir:
             "data_sha256": identity_sha256(cfg, source_sha),
             "source_sha256": source_sha,
             "shard": shard,
-            # The machine `auto` was resolved for (kept from the run's start when resumed
-            # with the dtypes already pinned).
+            # Where `auto` was resolved (the run's start, kept when resumed with dtypes pinned).
             "dtype_picked_for": (machine().describe() if uses_auto(cfg)
                                  else old.get("dtype_picked_for")),
-            # The policy's dtype as the run asked for it: training resolves `auto` where it
-            # runs (training_dtype). A config read back from this file is pinned: keep the old.
+            # As the run asked, for training_dtype; a pinned config read back keeps the old one.
             "dtype_requested": ({"policy": cfg.policy.dtype} if cfg.policy.dtype == "auto"
                                 else old.get("dtype_requested", {"policy": cfg.policy.dtype})),
             "versions": package_versions(),
             "git_sha": git_sha(),
         }
-        tmp = self.config_file.with_suffix(".yaml.tmp")
-        try:
-            tmp.write_text(yaml.safe_dump(meta, sort_keys=False))
-            tmp.replace(self.config_file)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise storage_error(err, self.config_file) from None
+        write_atomic(self.config_file, [yaml.safe_dump(meta, sort_keys=False)])
 
     def ensure_folder(self) -> None:
         """Create the folder, or say clearly why it cannot be (a file, no permission, ...)."""
@@ -257,12 +231,10 @@ class RunDir:
 
     @contextlib.contextmanager
     def lock(self, command: str = "") -> Iterator[None]:
-        """Hold an exclusive lock on the run directory, or fail at once naming the holder:
-        `command`, by default this process's `wim ...` command line.
-
-        The kernel drops a `flock` when its process dies, so a killed run never leaves a stale
-        lock behind; the file itself stays (deleting it would let two processes lock two files).
-        """
+        """Hold an exclusive lock on the run directory, or fail at once naming the holder
+        (`command`, by default this process's `wim ...` command line). The kernel drops a
+        `flock` when its process dies, so a killed run leaves no stale lock; the file stays
+        (deleting it would let two processes lock two files)."""
         self.ensure_folder()
         path = self.path / ".lock"
         try:
@@ -306,7 +278,7 @@ def _busy_message(folder: Path, lock_file: Path) -> str:
 
 
 def _dtype_advice(changed: list[str], was: dict, now: dict, meta: dict) -> str:
-    """What to do when only the machine's choice of dtype differs between identities was, now."""
+    """Advice when the machine's choice of dtype differs between identities was, now."""
     keys = [k for k in changed if k.endswith(".dtype")]
     if not keys:
         return ""
@@ -352,5 +324,3 @@ def git_sha() -> str | None:
         return None
     return out.stdout.strip() or None
 
-
-__all__ = ["RunDir", "RunDirError", "RunDirBusyError", "ConfigError", "DATA_SECTIONS", "identity"]

@@ -4,6 +4,7 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from wim.errors import WimError
 from wim.prompts import Prompt, PromptRef, _is_missing, _to_prompt
@@ -48,28 +51,23 @@ class SourcedPrompt:
 
 
 class Source:
-    """A response source read as a stream: iterating reads the rows again, one at a time, and
-    yields the prompts with two or more responses, the first `limit` of them (reading stops
-    there). Each row is checked as it is read, so a bad row raises `SourceError` naming the
-    file, the row and the column when it is reached; what a stage wrote before stays written.
-    After a complete pass, `shape`, `rows` (rows read), `too_few` (ids of prompts with fewer
-    than two responses) and `kept` (prompts yielded) describe it."""
+    """A response source as a stream: each iteration reads the rows again and yields the first
+    `limit` prompts with two or more responses. A bad row raises `SourceError` (naming file, row
+    and column) when it is reached; what a stage wrote before stays written. After a complete
+    pass, `shape`, `rows` (rows read), `too_few` (ids of prompts with fewer than two responses)
+    and `kept` (prompts yielded) describe it."""
 
     def __init__(self, source: str, split: str = "train", shape: str = "auto",
                  columns: dict[str, str] | None = None, limit: int | None = None) -> None:
         self.source, self.split, self.limit = source, split, limit
         self.requested_shape, self.columns = shape, dict(columns or {})
         self.shape = shape
-        self.rows = 0
-        self.too_few: list[str] = []
-        self.kept = 0
-        self.complete = False
+        self.rows, self.kept, self.too_few, self.complete = 0, 0, [], False
         self.refs: list[PromptRef] = []
         """The kept prompts' ids and lengths, in source order (complete after a full pass)."""
 
     def check(self) -> None:
-        """Read the first row only: a missing file, an unreadable format or an unknown shape
-        fails here, before anything is written."""
+        """Read the first row only, so a bad file or shape fails before anything is written."""
         next(self._prompts(first_only=True), None)
 
     def __iter__(self) -> Iterator[SourcedPrompt]:
@@ -81,8 +79,7 @@ class Source:
         csv = Path(self.source).suffix.lower() == ".csv"
         seen: dict[str, str] = {}
         self.rows, self.kept, self.too_few, self.complete = 0, 0, [], False
-        self.refs = []
-        shape = None
+        self.refs, shape = [], None
         for index, (where, record) in enumerate(rows):
             here = f"{origin}, {where}"
             if not isinstance(record, dict):
@@ -163,10 +160,8 @@ def _as_list(value: Any, csv: bool) -> Any:
     if hasattr(value, "tolist"):
         value = value.tolist()
     if csv and isinstance(value, str) and value.lstrip().startswith("["):
-        try:
+        with contextlib.suppress(ValueError):  # not JSON: the string it is
             return json.loads(value)
-        except ValueError:
-            return value
     return value
 
 
@@ -232,20 +227,16 @@ def _text(value: Any, where: str, shape: str, n: dict[str, str]) -> str:
 def _rating(value: Any, where: str, key: str) -> float | None:
     if _is_missing(value) or value == "":
         return None
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    if isinstance(value, str) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        with contextlib.suppress(ValueError):  # a string that is no number
             return float(value)
-        except ValueError:
-            pass
     raise SourceError(f"{where}: {key!r} must be a number (the source's rating), got {value!r}; "
                       "fix it, or point generation.source_columns.rating at another key.")
 
 
 def source_sha256(source: str, split: str = "train") -> str:
-    """sha256 of the source's content: a file's bytes (streamed), a saved folder's files (names
-    and bytes), or for a `datasets` name, the commit sha of its Hub repository."""
+    """sha256 of a file's bytes, a saved folder's files (names and bytes), or for a `datasets`
+    name, of the commit sha of its Hub repository."""
     path = Path(source).expanduser()
     digest = hashlib.sha256()
     if path.is_file():
@@ -266,10 +257,8 @@ def source_sha256(source: str, split: str = "train") -> str:
 
 
 def _hub_revision(source: str) -> str:
-    """The commit sha of a hub dataset's repository: its own fingerprint, asked in one call
-    instead of loading the rows (the stage streams them)."""
-    offline = hub_offline_reason()
-    if offline is not None:
+    """The commit sha of a hub dataset's repository, asked in one call without loading rows."""
+    if (offline := hub_offline_reason()) is not None:
         raise SourceError(f"{LABEL} {source!r} is not a file or folder, and the Hugging Face Hub "
                           f"is offline from here: {offline}.")
     try:
@@ -283,9 +272,8 @@ def _hub_revision(source: str) -> str:
 
 
 def source_license(source: str, split: str = "train") -> str | None:
-    """The license a source names for itself, or None: a saved folder's dataset info
-    (`license` in dataset_info.json) or the YAML head of its README.md; a Hub dataset's card
-    (`license`, asked only when the Hub answers). A plain file names none."""
+    """The license a source names for itself, or None: a saved folder's dataset_info.json or
+    README.md YAML head, a Hub dataset's card (asked only when the Hub answers); no file's."""
     path = Path(source).expanduser()
     if path.is_file():
         return None
@@ -309,9 +297,7 @@ def source_license(source: str, split: str = "train") -> str | None:
         found = data.get("license") if data is not None else None
     except Exception:  # no card, no network: the card then says the license is unknown
         return None
-    if isinstance(found, list):
-        found = found[0] if len(found) == 1 else None
-    return str(found) if found else None
+    return _license_name(found)
 
 
 def _readme_license(readme: Path) -> str | None:
@@ -323,12 +309,14 @@ def _readme_license(readme: Path) -> str | None:
         return None
     head = text.split("---", 2)[1] if text.count("---") >= 2 else ""
     try:
-        import yaml
-
         meta = yaml.safe_load(head) or {}
     except yaml.YAMLError:
         return None
-    found = meta.get("license") if isinstance(meta, dict) else None
+    return _license_name(meta.get("license") if isinstance(meta, dict) else None)
+
+
+def _license_name(found: Any) -> str | None:
+    """A card's `license`: one name, or a list of exactly one."""
     if isinstance(found, list):
         found = found[0] if len(found) == 1 else None
     return str(found) if found else None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wim.length_control import LENGTH_RESAMPLES, length_adjusted
+from wim.length_control import LENGTH_RESAMPLES, length_adjusted, length_controlled
 
 MECHANICAL_WARNING = (
     "These numbers come from the bundled 135M models, which cannot really write or judge "
@@ -42,15 +42,12 @@ class Outcomes:
     order_preferences: list[tuple[float, float] | None] = field(default_factory=list)
     """Per prompt of `values`: P(a better) in order a/b and in order b/a (None: pointwise)."""
     sources: list[str] = field(default_factory=list)
-    """Per prompt of `values`: `guided` or `top_logprobs` (both orders' probabilities came
-    from there; wim/blind.py), `hard` (at least one order gave none: its hard verdict counted
-    as probability 1), `identical` or `pointwise`."""
+    """Per prompt of `values`: `guided` or `top_logprobs` (both orders' probabilities came from
+    there), `hard` (an order gave none: its verdict counted as 1), `identical` or `pointwise`."""
     prompt_ids: list[str] = field(default_factory=list)
-    """Per prompt of `values`: its id."""
 
 
 def outcome_of(winner: str) -> float:
-    """'a' -> 1, 'b' -> 0, 'tie' -> 0.5."""
     return {"a": 1.0, "b": 0.0, "tie": 0.5}[winner]
 
 
@@ -117,12 +114,11 @@ def holm(pvalues: list[float]) -> list[float]:
 
 def min_attainable_p(n: int) -> float:
     """The smallest two-sided sign-test p with n prompts: all n decided the same way."""
-    return binomial_p(n, 0) if n > 0 else 1.0
+    return binomial_p(n, 0)
 
 
 def min_attainable_p_holm(n: int, m: int) -> float:
-    """The smallest Holm-adjusted p of m comparisons on n prompts each: Holm multiplies the
-    smallest p by m."""
+    """The smallest Holm-adjusted p of m comparisons on n prompts each (the smallest p x m)."""
     return min(1.0, max(m, 1) * min_attainable_p(n))
 
 
@@ -187,11 +183,8 @@ def summarize_comparison(name: str, a: str, b: str, outcomes: Outcomes, seed: in
 
 
 def weighted_summary(outcomes: Outcomes) -> dict:
-    """The weighted preference of one comparison: mean p with the t-test against 0.5 and its
-    own interval (`mean_test`), AlpacaEval 2.0's length-controlled rate on the same p, where
-    each prompt's p came from, and the per-prompt values (both orders) for the picture."""
-    from wim.length_control import length_controlled
-
+    """The weighted preference of one comparison: mean p tested against 0.5 (`mean_test`),
+    AlpacaEval 2.0's length-controlled rate on the same p, and the per-prompt values."""
     prefs = outcomes.preferences
     test = mean_test(prefs, 0.5)
     sources = outcomes.sources
@@ -209,8 +202,7 @@ def weighted_summary(outcomes: Outcomes) -> dict:
 
 
 def with_holm(comparisons: list[dict]) -> list[dict]:
-    """Fill `p_holm` over every comparison of one report: the sign tests' family and, where
-    present, the weighted tests' family."""
+    """Fill `p_holm`: Holm over one report's sign tests, and over its weighted tests if any."""
     adjusted = holm([c["p_value"] for c in comparisons])
     out = [{**c, "p_holm": p} for c, p in zip(comparisons, adjusted, strict=True)]
     if all(c.get("weighted") for c in out):
@@ -221,10 +213,9 @@ def with_holm(comparisons: list[dict]) -> list[dict]:
 
 
 def mean_test(values: list[float], null: float = 0.5) -> dict:
-    """{"mean", "ci95", "p", "sd", "test", "note"}: the two-sided one-sample t-test of the mean
-    against `null` and its own 95% t interval. Without spread the t statistic is undefined:
-    all values at `null` give p = 1; all on one side give the exact sign test's p (every one
-    of n on that side) and no interval, with a note."""
+    """The two-sided one-sample t-test of the mean against `null`, with its 95% t interval.
+    Without spread the t statistic is undefined: all values at `null` give p = 1; all on one
+    side give the exact sign test's p and no interval, with a note."""
     from scipy.stats import ttest_1samp
 
     x = np.asarray(values, float)
@@ -248,9 +239,8 @@ def mean_test(values: list[float], null: float = 0.5) -> dict:
 
 def _t_test_power(size: float, n: int, level: float) -> float:
     """The two-sided one-sample t-test's power at standardized effect `size` with n samples.
-    scipy's noncentral t (under statsmodels) returns NaN far in its tail, where the effect is
-    many times the spread (a tiny sd); there the normal approximation of the noncentral t
-    around its noncentrality, against the exact t critical value, stands in."""
+    scipy's noncentral t (under statsmodels) returns NaN far in its tail (a tiny sd); there
+    the normal approximation around its noncentrality stands in."""
     from scipy import stats
     from statsmodels.stats.power import TTestPower
 
@@ -263,9 +253,8 @@ def _t_test_power(size: float, n: int, level: float) -> float:
 
 def weighted_power(n: int, sd: float | None, m: int, effect: float = 0.1,
                    alpha: float = ALPHA) -> dict:
-    """What the t-test of the mean preference could detect: at Holm's strictest level
-    alpha / m, with n prompts and the observed spread `sd`, the power against a true mean
-    0.5 + `effect`, and the prompts that 80% power would take."""
+    """The t-test's power against a true mean preference 0.5 + `effect` at Holm's strictest
+    level alpha / m (n prompts, spread `sd`), and the prompts that 80% power would take."""
     from statsmodels.stats.power import TTestPower
 
     if n < 2 or not sd:
