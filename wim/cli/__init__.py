@@ -19,15 +19,12 @@ from wim.config import ConfigError, load_config
 from wim.errors import StageIncomplete, WimError
 from wim.rundir import RunDir
 
-# Our packages and the HTTP library.
-_VERBOSE_LOGGERS = ("wim", "data_gen", "training", "aiohttp")
-
 
 def _set_up_logging(verbose: bool) -> None:
     """Warnings and our INFO lines; with --verbose our DEBUG lines too, one per HTTP request
     among them. Other libraries' DEBUG lines stay off either way."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in _VERBOSE_LOGGERS:
+    for name in ("wim", "data_gen", "training", "aiohttp"):  # ours and the HTTP library
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.NOTSET)
 
 

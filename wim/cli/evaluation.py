@@ -23,10 +23,9 @@ def eval_command(args) -> int:
 
 def _print_eval(report: dict, path: Path) -> int:
     print(f"wrote {path} and {path.with_suffix('.md')}")
-    if report.get("mechanical_warning"):
-        print(f"note: {report['mechanical_warning']}")
-    if report.get("power_statement"):
-        print(f"power: {report['power_statement']}")
+    for key, label in (("mechanical_warning", "note"), ("power_statement", "power")):
+        if report.get(key):
+            print(f"{label}: {report[key]}")
     if report.get("hard_fallback"):
         print(f"note: {report['hard_fallback']} prompt(s) fell back to hard verdicts (the "
               "evaluator's backend gave no token probabilities)")

@@ -16,11 +16,8 @@ STAGE_COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="wim",
-        description="Build 'What Is Missing' preference datasets and train models on them "
-        "with DPO.",
-    )
+    parser = argparse.ArgumentParser(prog="wim", description="Build 'What Is Missing' preference "
+                                     "datasets and train models on them with DPO.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -65,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_eval_parsers(sub) -> None:
     """`wim eval`, `wim compare`, `wim validity`."""
-    sets = dict(dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                help="override a config field, e.g. blind.mode=pointwise")
     ev = sub.add_parser("eval", help="blind evaluation of a run's trained policy against its "
                         "base on held-out prompts (eval.json)")
     ev.add_argument("run", help="run directory with a trained adapter (train/adapter)")
@@ -85,7 +80,8 @@ def _add_eval_parsers(sub) -> None:
     validity.add_argument("--limit", type=int, help="use only the first N gold pairs")
     validity.add_argument("--out", help="folder for validity.json and validity.md")
     for p in (ev, compare, validity):
-        p.add_argument("--set", **sets)
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. blind.mode=pointwise")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         # Also after the command (`wim run CONFIG -v`); SUPPRESS keeps a `wim -v run` intact.
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

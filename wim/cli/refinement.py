@@ -21,8 +21,7 @@ def refine_command(args: argparse.Namespace) -> int:
     from wim.rundir import RunDir
 
     cfg = load_config(args.source, args.overrides)
-    p = cfg.prompts
-    prompts = load_prompts(p.source, split=p.split, limit=p.limit)
+    prompts = load_prompts(cfg.prompts.source, split=cfg.prompts.split, limit=cfg.prompts.limit)
     out = Path(args.out)
     with RunDir(out).lock():
         folder = out / "refine"
@@ -102,10 +101,7 @@ def vrr_simulate_command(args: argparse.Namespace) -> int:
         result = simulate(spec)
     except ValueError as err:
         raise InputError(f"wim vrr simulate: {err}") from None
-    if args.json:
-        print(json.dumps(result["policies"]))
-    else:
-        print(format_table(result, spec))
+    print(json.dumps(result["policies"]) if args.json else format_table(result, spec))
     return 0
 
 
@@ -133,5 +129,3 @@ def vrr_calibrate_command(args: argparse.Namespace) -> int:
         raise InputError("wim vrr calibrate: give --votes FILE and/or --repairs FILE (jsonl).")
     print(json.dumps(out, indent=None if args.json else 2))
     return 0
-
-

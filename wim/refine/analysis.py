@@ -8,17 +8,14 @@ import math
 
 from wim.statistics import holm
 
-GRID_DECIMALS = 9
-"""Differences are rounded to this many decimals before testing (see `paired_test`)."""
+GRID_DECIMALS = 9  # the rounding of paired differences (see `paired_test`)
 
 
 def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
-    """Test a vs b paired (same questions); mean difference a - b and the p-value.
-
+    """Test a vs b paired (same questions): the mean difference a - b and scipy's p-value.
     Blind scores lie on a grid ((N - 1) / 9), but their float differences do not: two equal
     differences come out as distinct floats and a zero as a tiny signed number, so a rank test
-    would rank rounding noise. The differences are rounded to GRID_DECIMALS decimals first,
-    which maps them back onto the grid: the p-value is scipy's on the integer differences."""
+    would rank rounding noise. Rounding to GRID_DECIMALS decimals maps them back onto the grid."""
     from scipy import stats
 
     if len(a) != len(b):
@@ -27,14 +24,11 @@ def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
     out = {"n": len(diffs), "mean_diff": sum(diffs) / len(diffs) if diffs else None,
            "test": test, "statistic": None, "p": None, "note": ""}
     if len(diffs) < 2:
-        out["note"] = "fewer than two paired questions"
-        return out
+        return {**out, "note": "fewer than two paired questions"}
     if all(d == 0 for d in diffs):
-        out["note"] = "all differences are zero"
-        return out
+        return {**out, "note": "all differences are zero"}
     if test == "ttest" and max(diffs) == min(diffs):
-        out["note"] = "the differences are constant (no variance for a t-test)"
-        return out
+        return {**out, "note": "the differences are constant (no variance for a t-test)"}
     if test == "wilcoxon":
         res = stats.wilcoxon(diffs, zero_method="wilcox")
     elif test == "ttest":  # ttest_rel(a, b) is this test of a - b
@@ -50,10 +44,9 @@ def paired_test(a: list[float], b: list[float], test: str = "wilcoxon") -> dict:
 def add_p_holm(results: dict[str, dict]) -> dict[str, dict]:
     """Add `p_holm` to each result with a p-value (Holm over those), in place; returns it."""
     keys = [k for k, r in results.items() if r.get("p") is not None]
-    for r in results.values():
-        r["p_holm"] = None
-    for k, p in zip(keys, holm([results[k]["p"] for k in keys]), strict=True):
-        results[k]["p_holm"] = p
+    adjusted = dict(zip(keys, holm([results[k]["p"] for k in keys]), strict=True))
+    for k, r in results.items():
+        r["p_holm"] = adjusted.get(k)
     return results
 
 
@@ -72,11 +65,9 @@ def compare_policies(scores: dict[str, list[float | None]], baseline: str,
 
 
 def interaction_2x2(cells: dict[str, list[float]], test: str = "ttest") -> dict[str, dict]:
-    """The 2x2 (E_L same/cross x stopping dynamic/hard cap) per-question analysis.
-
-    `cells` holds four equally long lists: same_dynamic, same_cap, cross_dynamic, cross_cap.
-    Returns the evaluator main effect, the stopping main effect and the interaction, each a
-    one-sample test of the per-question contrast against 0, Holm-adjusted together."""
+    """The 2x2 (E_L same/cross x stopping dynamic/hard cap), one score per question per cell:
+    both main effects and the interaction, each a one-sample test of its per-question contrast
+    against 0, Holm-adjusted together."""
     need = ("same_dynamic", "same_cap", "cross_dynamic", "cross_cap")
     missing = [k for k in need if k not in cells]
     if missing:

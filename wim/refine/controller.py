@@ -58,33 +58,28 @@ def aggregate(scores: dict[str, float]) -> float:
 
 def decide(retained: Evaluation, candidate: Evaluation, p: ControllerParams) -> Decision:
     """Accept C_t (candidate) over R_{t-1} (retained) or keep R_{t-1}; see the module doc."""
+    ret = None if retained.scores is None else penalized(retained, p.penalties)
+    r_agg = None if ret is None else aggregate(ret)
     if candidate.scores is None:
-        r_agg = None if retained.scores is None else aggregate(penalized(retained, p.penalties))
         return Decision(False, "evaluation_failed", "the candidate's evaluation failed to parse; "
                         "kept the retained answer", None, None, r_agg)
     cand = penalized(candidate, p.penalties)
     c_agg = aggregate(cand)
-    if retained.scores is None:
+    gain = None if ret is None else c_agg - r_agg
+    if candidate.verdict == "reject":
+        reason = "the evaluator rejected the candidate" + ("" if ret is None else " (veto)")
+        return Decision(False, "veto", reason, gain, c_agg, r_agg)
+    if ret is None:
         # Nothing scored to compare with: the first candidate that parses and is not vetoed wins.
-        if candidate.verdict == "reject":
-            return Decision(False, "veto", "the evaluator rejected the candidate", None, c_agg,
-                            None)
         return Decision(True, "accepted", "the retained answer had no valid evaluation",
                         None, c_agg, None)
-    ret = penalized(retained, p.penalties)
-    r_agg = aggregate(ret)
-    gain = c_agg - r_agg
-    if candidate.verdict == "reject":
-        return Decision(False, "veto", "the evaluator rejected the candidate (veto)", gain,
-                        c_agg, r_agg)
     if gain < p.gamma - EPS:
         return Decision(False, "low_gain", f"gain {gain:.4f} < gamma {p.gamma}", gain, c_agg,
                         r_agg)
-    if p.critical_guard:
-        for criterion in CRITICAL:
-            drop = ret[criterion] - cand[criterion]
-            if drop > p.tau_c + EPS:
-                return Decision(False, f"critical_drop:{criterion}",
-                                f"{criterion} dropped by {drop:.4f} > tau_c {p.tau_c}", gain,
-                                c_agg, r_agg)
+    for criterion in CRITICAL if p.critical_guard else ():
+        drop = ret[criterion] - cand[criterion]
+        if drop > p.tau_c + EPS:
+            return Decision(False, f"critical_drop:{criterion}",
+                            f"{criterion} dropped by {drop:.4f} > tau_c {p.tau_c}", gain,
+                            c_agg, r_agg)
     return Decision(True, "accepted", f"gain {gain:.4f} >= gamma {p.gamma}", gain, c_agg, r_agg)

@@ -12,10 +12,8 @@ from wim.judge_prompts import format_question_answer
 from wim.judges import Judge
 from wim.refine.controller import CRITERIA, Evaluation
 
-LABELS = {"factuality": "Factuality", "coherence": "Coherence",
-          "evidence_support": "Evidence support", "depth_of_analysis": "Depth of analysis",
-          "linguistic_robustness": "Linguistic robustness"}
-VERDICT_LABEL = "Verdict:"
+# What is prefilled before each value, one at a time: "Factuality:", ..., "Verdict:".
+LABELS = {c: c.replace("_", " ").capitalize() + ":" for c in CRITERIA} | {"verdict": "Verdict:"}
 VOTE_PREFILL = "Correct and complete (yes or no):"
 # One worked example (an exchange before the real one) shows a small model the format; its
 # numbers are written out, so a copy of them is at least a valid, if uninformative, answer.
@@ -66,8 +64,7 @@ _VOTES = (dict.fromkeys(_ACCEPT + ("correct", "true", "right"), True)
 
 
 def _first_word(text: str) -> str:
-    words = re.sub(r"[^a-z]", " ", text.lower()).split()
-    return words[0] if words else ""
+    return (re.sub(r"[^a-z]", " ", text.lower()).split() or [""])[0]
 
 
 def parse_accept_reject(text: str) -> str | None:
@@ -87,9 +84,7 @@ def raise_flags(answer: str, critique: str | None) -> tuple[str, ...]:
         flags.append("empty_answer")
     elif answer.rstrip()[-1] not in ".!?)\"'`*:;]":
         flags.append("truncated")  # no closing punctuation: most likely cut by the token cap
-    for flag, rule in _FLAG_RULES.items():
-        if critique and rule.search(critique):
-            flags.append(flag)
+    flags += [flag for flag, rule in _FLAG_RULES.items() if critique and rule.search(critique)]
     return tuple(flags)
 
 
@@ -124,26 +119,23 @@ class LoopEvaluator:
     def evaluate(self, questions: list[str], answers: list[str],
                  seed: int = 0) -> list[LoopEvaluation]:
         judgements = self.judge.judge(list(zip(questions, answers, strict=True)), seed=seed)
-        runs: list[list[tuple[dict | None, str | None, str, int, int]]] = [[] for _ in answers]
-        for e in range(self.ensemble_n):
-            for i, run in enumerate(self._score(questions, answers, judgements, seed + 104729 * e,
-                                                greedy_first=e == 0)):
-                runs[i].append(run)
+        # Per answer, one run of each ensemble member: (values, failure, raw, tokens, attempts).
+        runs = zip(*(self._score(questions, answers, judgements, seed + 104729 * e,
+                                 greedy_first=e == 0) for e in range(self.ensemble_n)),
+                   strict=True)
         out = []
-        for i, (answer, j) in enumerate(zip(answers, judgements, strict=True)):
-            parsed = [r for r in runs[i] if r[0] is not None]
-            raws = [r[2] for r in runs[i]]
-            tokens = j.prompt_tokens + j.completion_tokens + sum(r[3] for r in runs[i])
-            attempts = sum(r[4] for r in runs[i])
-            scores = verdict = failure = None
+        for answer, j, run in zip(answers, judgements, runs, strict=True):
+            parsed = [r[0] for r in run if r[0] is not None]
+            scores = verdict = None
             if parsed:
-                scores = {c: sum(r[0][c] for r in parsed) / len(parsed) for c in CRITERIA}
-                accepts = sum(r[0]["verdict"] == "accept" for r in parsed)
+                scores = {c: sum(r[c] for r in parsed) / len(parsed) for c in CRITERIA}
+                accepts = sum(r["verdict"] == "accept" for r in parsed)
                 verdict = "accept" if accepts * 2 > len(parsed) else "reject"
-            else:
-                failure = runs[i][-1][1]
             ev = Evaluation(scores, verdict, raise_flags(answer, j.critique))
-            out.append(LoopEvaluation(ev, j.critique, j.rating, raws, failure, attempts, tokens))
+            tokens = j.prompt_tokens + j.completion_tokens + sum(r[3] for r in run)
+            out.append(LoopEvaluation(ev, j.critique, j.rating, [r[2] for r in run],
+                                      None if parsed else run[-1][1], sum(r[4] for r in run),
+                                      tokens))
         return out
 
     def _score(self, questions, answers, judgements, seed: int, greedy_first: bool):
@@ -152,6 +144,8 @@ class LoopEvaluator:
         todo = list(range(len(answers)))
         spent = [0] * len(answers)
         for attempt in range(self.max_retries + 1):
+            if not todo:
+                break
             temperature = 0.0 if attempt == 0 and greedy_first else self.retry_temperature
             asked = self._ask([self._messages(questions[i], answers[i], judgements[i].critique)
                                for i in todo], temperature, seed + 7919 * attempt)
@@ -159,8 +153,6 @@ class LoopEvaluator:
                 spent[i] += tokens
                 results[i] = (values, failure, raw, spent[i], attempt + 1)
             todo = [i for i in todo if results[i][0] is None]
-            if not todo:
-                break
         return results
 
     def _messages(self, question: str, answer: str, critique: str | None):
@@ -170,14 +162,11 @@ class LoopEvaluator:
 
     def _ask(self, convs, temperature: float, seed: int):
         """Criteria one label at a time (prefilled), then the verdict."""
-        if not convs:
-            return []
         heads = [""] * len(convs)
         values: list[dict | None] = [{} for _ in convs]
         failures: list[str | None] = [None] * len(convs)
         tokens = [0] * len(convs)
-        steps = [(c, f"{LABELS[c]}:") for c in CRITERIA] + [("verdict", VERDICT_LABEL)]
-        for key, label in steps:
+        for key, label in LABELS.items():
             heads = [h + ("\n" if h else "") + label for h in heads]
             params = SamplingParams(6, temperature, 1.0, stop=("\n",))
             outs = self.backend.generate(convs, params, seed=seed, prefill=list(heads))
@@ -216,13 +205,10 @@ class LoopEvaluator:
                                              seed=seed + 7919 * attempt + n,
                                              prefill=VOTE_PREFILL)
                 for i, samples in zip(idx, outs, strict=True):
-                    for o in samples:
-                        tokens[i] += o.completion_tokens
-                        vote = parse_vote(o.text) if o.ok else None
-                        if vote is None:
-                            redone[i] += 1
-                        else:
-                            got[i].append(vote)
+                    votes = [parse_vote(o.text) if o.ok else None for o in samples]
+                    got[i] += [vote for vote in votes if vote is not None]
+                    redone[i] += votes.count(None)
+                    tokens[i] += sum(o.completion_tokens for o in samples)
                     tokens[i] += samples[0].prompt_tokens if samples else 0
         return [(sum(g) if len(g) == m else None, t, r)
                 for g, t, r in zip(got, tokens, redone, strict=True)]

@@ -22,21 +22,18 @@ def read_votes(path: Path, m: int | None) -> tuple[list[int], int]:
     """Each line: {"votes": [1, 0, ...]} (1 = accept) or {"accepts": S, "m": M}; one M for all."""
     accepts, ms = [], set()
     for n, row in _jsonl(path, "Votes"):
-        if isinstance(row.get("votes"), list) and all(v in (0, 1, True, False)
-                                                      for v in row["votes"]):
-            accepts.append(int(sum(row["votes"])))
-            ms.add(len(row["votes"]))
+        votes = row.get("votes")
+        if isinstance(votes, list) and all(v in (0, 1) for v in votes):  # True, False included
+            s, mm = int(sum(votes)), len(votes)
         elif isinstance(row.get("accepts"), int) and isinstance(row.get("m", m), int):
-            mm = row.get("m", m)
-            if not 0 <= row["accepts"] <= mm:
-                raise InputError(f"{path}:{n}: 'accepts' must lie in 0..{mm}, got "
-                                 f"{row['accepts']}.")
-            accepts.append(row["accepts"])
-            ms.add(mm)
+            s, mm = row["accepts"], row.get("m", m)
+            if not 0 <= s <= mm:
+                raise InputError(f"{path}:{n}: 'accepts' must lie in 0..{mm}, got {s}.")
         else:
             raise InputError(f"{path}:{n}: expected 'votes' (a list of 0/1) or 'accepts' (an "
-                             "integer, with 'm' on the line or --m), got keys "
-                             f"{sorted(row)}.")
+                             f"integer, with 'm' on the line or --m), got keys {sorted(row)}.")
+        accepts.append(s)
+        ms.add(mm)
     if not accepts:
         raise InputError(f"{path}: holds no votes.")
     if len(ms) != 1:

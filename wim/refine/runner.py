@@ -12,14 +12,8 @@ from typing import Any
 from wim.backends import Backend, SamplingParams, open_backend
 from wim.config import Config
 from wim.judges import configured_judge
-from wim.refine.controller import (
-    CRITERIA,
-    ControllerParams,
-    Evaluation,
-    aggregate,
-    decide,
-    penalized,
-)
+from wim.records import write_records_atomic
+from wim.refine.controller import CRITERIA, ControllerParams, aggregate, decide, penalized
 from wim.refine.evaluator import LoopEvaluation, LoopEvaluator
 
 logger = logging.getLogger(__name__)
@@ -29,24 +23,15 @@ FEEDBACK = ("Feedback on your answer:\n- What is missing: {critique}\n- Weakest 
             "with the improved answer only.")
 
 
-def controller_params(cfg: Config) -> ControllerParams:
-    r = cfg.refine
-    return ControllerParams(gamma=r.gamma, tau_c=r.tau_c, critical_guard=r.critical_guard,
-                            penalties={k: dict(v) for k, v in r.penalties.items()})
-
-
 def open_models(cfg: Config) -> tuple[Backend, LoopEvaluator, str]:
     """The generator's backend, E_L (same model as G, or another one) and E_L's name."""
     policy = open_backend(cfg.policy.backend, cfg.policy.model, cfg.http,
                           batch_size=cfg.generation.batch_size, adapter=cfg.policy.adapter,
                           dtype=cfg.policy.dtype)
     r, j = cfg.refine, cfg.judge
-    if r.evaluator == "same":
-        backend, name = policy, cfg.policy.model
-    else:
-        backend = open_backend(r.evaluator_backend, r.evaluator, cfg.http, batch_size=j.batch_size,
-                               dtype=j.dtype)
-        name = r.evaluator
+    name = cfg.policy.model if r.evaluator == "same" else r.evaluator
+    backend = policy if r.evaluator == "same" else open_backend(
+        r.evaluator_backend, r.evaluator, cfg.http, batch_size=j.batch_size, dtype=j.dtype)
     judge = configured_judge(j, backend, role="external", model_name=name, mode="wim")
     evaluator = LoopEvaluator(backend, judge, strict=r.strict, ensemble_n=r.ensemble_n,
                               max_retries=r.max_retries, retry_temperature=j.retry_temperature)
@@ -66,25 +51,25 @@ def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
     from tqdm.auto import tqdm
 
     r, g = cfg.refine, cfg.generation
-    params = controller_params(cfg)
+    params = ControllerParams(gamma=r.gamma, tau_c=r.tau_c, critical_guard=r.critical_guard,
+                              penalties={k: dict(v) for k, v in r.penalties.items()})
     questions = [p.text for p in prompts]
     convs = [list(p.messages) for p in prompts]
     gen = SamplingParams(g.max_new_tokens, g.temperature, g.top_p)
     records: list[list[dict[str, Any]]] = [[] for _ in prompts]
     retained: list[int] = [0] * len(prompts)
-    bar = tqdm(total=r.max_attempts + 1, desc="refine attempts", disable=not progress)
-    for t in range(r.max_attempts + 1):
+    for t in tqdm(range(r.max_attempts + 1), desc="refine attempts", disable=not progress):
         held = [recs[k] for recs, k in zip(records, retained, strict=True)] if t else []
         asks = convs if t == 0 else [
             c + [{"role": "assistant", "content": h["answer"]},
                  {"role": "user", "content": feedback_message(h["_eval"])}]
             for c, h in zip(convs, held, strict=True)]
-        outs = [o[0] for o in policy.generate(asks, gen, seed=cfg.seed * 1000 + t)]
+        seed = cfg.seed * 1000 + t
+        outs = [o[0] for o in policy.generate(asks, gen, seed=seed)]
         answers = [o.text.strip() if o.ok else "" for o in outs]
-        evals = evaluator.evaluate(questions, answers, seed=cfg.seed * 1000 + t)
-        votes = (evaluator.votes(questions, answers, r.vrr.m, r.vrr.vote_temperature,
-                                 seed=cfg.seed * 1000 + t) if r.vrr.enabled
-                 else [(None, 0, 0)] * len(answers))
+        evals = evaluator.evaluate(questions, answers, seed=seed)
+        votes = (evaluator.votes(questions, answers, r.vrr.m, r.vrr.vote_temperature, seed=seed)
+                 if r.vrr.enabled else [(None, 0, 0)] * len(answers))
         for i, (o, ev, vote) in enumerate(zip(outs, evals, votes, strict=True)):
             rec = _record(prompts[i].id, t, answers[i], o, ev, vote, params)
             if t > 0:
@@ -96,14 +81,12 @@ def run_master(cfg: Config, prompts, policy: Backend, evaluator: LoopEvaluator,
             records[i].append(rec)
         logger.info("attempt %d of %d done: %d of %d candidates retained so far", t,
                     r.max_attempts, sum(k > 0 for k in retained), len(prompts))
-        bar.update(1)
-    bar.close()
     return records
 
 
 def _record(prompt_id: str, t: int, answer: str, out, ev: LoopEvaluation, vote,
             params: ControllerParams) -> dict[str, Any]:
-    e: Evaluation = ev.evaluation
+    e = ev.evaluation
     accepts, vote_tokens, redone = vote
     return {
         "prompt_id": prompt_id, "attempt": t, "answer": answer,
@@ -122,7 +105,5 @@ def _record(prompt_id: str, t: int, answer: str, out, ev: LoopEvaluation, vote,
 
 
 def write_trajectories(path: Path, records: list[list[dict[str, Any]]]) -> None:
-    from wim.records import write_records_atomic
-
     rows = [{k: v for k, v in rec.items() if k != "_eval"} for recs in records for rec in recs]
     write_records_atomic(path, rows)

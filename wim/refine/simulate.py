@@ -17,6 +17,7 @@ from wim.refine.vrr import (
     guard_replaces,
     posterior,
     predict,
+    youden_j,
 )
 
 POLICIES = ("none", "fixed", "stop", "stop_calibrated", "guard")
@@ -60,10 +61,8 @@ def calibrate_from_logs(spec: SimSpec, rng: np.random.Generator) -> tuple[VRRPar
     votes = world.votes(world.start(spec.calib_plans))
     n = spec.calib_transitions
     before = np.arange(n) < n // 2
-    after = world.repair(before)
-    labelled_votes = world.votes(before)
-    cal = calibrate_votes(votes, spec.vrr.m, labelled=(labelled_votes, before))
-    rep = calibrate_repairs(before, after)
+    rep = calibrate_repairs(before, world.repair(before))
+    cal = calibrate_votes(votes, spec.vrr.m, labelled=(world.votes(before), before))
     est = dataclasses.replace(spec.vrr, rho0=cal.rho0, rho1=cal.rho1, alpha=rep.alpha,
                               beta=rep.beta)
     info = {"rho0": cal.rho0, "rho1": cal.rho1, "prior_valid": cal.prior_valid,
@@ -96,16 +95,11 @@ def run_stop(spec: SimSpec, world: _World, valid: np.ndarray, p: VRRParams, prio
         s = world.votes(valid)
         last = np.where(active, s, last)
         b = posterior(belief, s, p.m, p.rho0, p.rho1)
-        stop_now = active & ((gain(b, p.alpha, p.beta) <= p.tau) | (r == spec.vrr.k))
-        active = active & ~stop_now
+        active &= ~((gain(b, p.alpha, p.beta) <= p.tau) | (r == spec.vrr.k))
         _record(rounds, valid, last, spec.vrr.m)
-        if not active.any():
-            break
         valid = np.where(active, world.repair(valid), valid)
         repairs += active
         belief = np.where(active, predict(b, p.alpha, p.beta), belief)
-    while len(rounds["validity"]) < spec.vrr.k + 1:  # every trial stopped early: carry forward
-        _record(rounds, valid, last, spec.vrr.m)
     return valid, last, repairs, rounds
 
 
@@ -126,23 +120,18 @@ def simulate(spec: SimSpec) -> dict:
     """Means over the trials per policy, the per-round table, and the calibration found."""
     _check(spec)
     seeds = np.random.SeedSequence(spec.seed).spawn(len(POLICIES) + 1)
-    rngs = {name: np.random.default_rng(s) for name, s in zip(POLICIES, seeds, strict=False)}
     est, est_prior, calib = calibrate_from_logs(spec, np.random.default_rng(seeds[-1]))
+    runs = {"none": lambda world, start: run_fixed(spec, world, start, 0),
+            "fixed": lambda world, start: run_fixed(spec, world, start, spec.vrr.k),
+            "stop": lambda world, start: run_stop(spec, world, start, spec.vrr, spec.pi),
+            "stop_calibrated": lambda world, start: run_stop(spec, world, start, est, est_prior),
+            "guard": lambda world, start: run_guard(spec, world, start)}
     out: dict = {"policies": {}, "rounds": {}, "calibration": calib}
-    for name in POLICIES:
-        world = _World(spec, rngs[name])
-        start = world.start(spec.trials)
-        if name == "none":
-            v, s, rep, rounds = run_fixed(spec, world, start, 0)
+    for name, seed in zip(POLICIES, seeds, strict=False):  # the last seed is calibration's
+        world = _World(spec, np.random.default_rng(seed))
+        v, s, rep, rounds = runs[name](world, world.start(spec.trials))
+        if name == "none":  # no repair: the first round's numbers hold in every round
             rounds = {key: vals * (spec.vrr.k + 1) for key, vals in rounds.items()}
-        elif name == "fixed":
-            v, s, rep, rounds = run_fixed(spec, world, start, spec.vrr.k)
-        elif name == "stop":
-            v, s, rep, rounds = run_stop(spec, world, start, spec.vrr, spec.pi)
-        elif name == "stop_calibrated":
-            v, s, rep, rounds = run_stop(spec, world, start, est, est_prior)
-        else:
-            v, s, rep, rounds = run_guard(spec, world, start)
         out["policies"][name] = {"validity": float(v.mean()),
                                  "acceptance": float((s > spec.vrr.m / 2).mean()),
                                  "repairs": float(rep.mean())}
@@ -180,5 +169,5 @@ def format_table(result: dict, spec: SimSpec) -> str:
     lines += ["", f"calibrated from {c['plans']} unlabelled plans x {v.m} votes and "
               f"{c['transitions']} labelled repairs: rho0={c['rho0']:.3f} rho1={c['rho1']:.3f} "
               f"alpha={c['alpha']:.3f} beta={c['beta']:.3f} (true {v.rho0}, {v.rho1}, "
-              f"{v.alpha}, {v.beta}); J={v.j:.3f}"]
+              f"{v.alpha}, {v.beta}); J={youden_j(v.rho0, v.rho1):.3f}"]
     return "\n".join(lines)

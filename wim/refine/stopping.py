@@ -4,12 +4,11 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wim.config.refine import RefineDynamicConfig
+from wim.refine.controller import EPS
 from wim.refine.vrr import VRRParams, guard_replaces, stop_trace
-
-EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,7 @@ def dynamic_rule(steps: list[Step], initial_aggregate: float | None, t: int,
                     f"{p.min_progress} over {p.window} attempts")
     if t >= p.stability_window:
         recent = [s.candidate_aggregate for s in done[-p.stability_window:]]
-        if all(a is not None for a in recent) and max(recent) - min(recent) <= \
-                p.stability_eps + EPS:
+        if None not in recent and max(recent) - min(recent) <= p.stability_eps + EPS:
             return (f"stability: the last {p.stability_window} candidate scores lie within "
                     f"{p.stability_eps}")
     return None
@@ -70,14 +68,17 @@ def dynamic(steps: list[Step], initial_aggregate: float | None, cap: int,
         reason = dynamic_rule(steps, initial_aggregate, t, p)
         if reason:
             return Outcome("dynamic", t, steps[t - 1].retained_index, reason)
-    out = hard_cap(steps, cap)
-    return Outcome("dynamic", out.attempts, out.final_index, "no rule fired before the cap")
+    return replace(hard_cap(steps, cap), policy="dynamic", reason="no rule fired before the cap")
 
 
 def vrr_stop(steps: list[Step], initial_accepts: int, prior: float, p: VRRParams) -> Outcome:
     """Votes of round r are those on the answer retained after r attempts."""
-    votes = [initial_accepts] + [_accepts_of(steps, initial_accepts, s.retained_index)
-                                 for s in steps[: p.k]]
+    accepts = [initial_accepts] + [s.candidate_accepts for s in steps]
+    votes = [initial_accepts]
+    for s in steps[: p.k]:
+        if s.retained_index and accepts[s.retained_index] is None:
+            raise ValueError(f"attempt {s.retained_index} has no verifier votes")
+        votes.append(accepts[s.retained_index])
     trace = stop_trace(votes, prior, p)
     used = len(trace) - 1
     final = steps[used - 1].retained_index if used else 0
@@ -93,12 +94,3 @@ def vrr_guard(steps: list[Step], initial_accepts: int, p: VRRParams) -> Outcome:
         if s_new is not None and bool(guard_replaces(s_new, s_inc, p.delta)):
             inc, s_inc = t, s_new
     return Outcome("vrr_guard", rounds, inc, f"incumbent: attempt {inc} with {s_inc} accepts")
-
-
-def _accepts_of(steps: list[Step], initial_accepts: int, index: int) -> int:
-    if index == 0:
-        return initial_accepts
-    accepts = steps[index - 1].candidate_accepts
-    if accepts is None:
-        raise ValueError(f"attempt {index} has no verifier votes")
-    return accepts

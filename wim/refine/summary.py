@@ -26,27 +26,21 @@ CAVEAT = ("The bundled 135M model cannot really generate, evaluate or judge: the
           "end; they are mechanical, not evidence for or against refinement.")
 
 
-def steps_of(recs: list[dict[str, Any]]) -> list[Step]:
-    return [Step(rec["decision"]["accept"], recs[rec["retained_attempt"]]["aggregate"],
-                 rec["aggregate"], rec["retained_attempt"], rec["accepts"]) for rec in recs[1:]]
-
-
 def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
                     ) -> tuple[dict[str, list[Outcome]], dict[str, Any]]:
     """Outcome of each policy on each question, and the VRR calibration found on the votes."""
     r, v = cfg.refine, cfg.refine.vrr
     vp = VRRParams(v.rho0, v.rho1, v.alpha, v.beta, v.m, v.k, v.tau, v.delta)
     info: dict[str, Any] = {}
-    voted = v.enabled and all(rec["accepts"] is not None for t in trajectories for rec in t)
-    if v.enabled and not voted:
-        failed = sum(rec["accepts"] is None for t in trajectories for rec in t)
+    failed = sum(rec["accepts"] is None for t in trajectories for rec in t)
+    if v.enabled and failed:
         info["vrr_skipped"] = (f"the votes on {failed} answers failed to parse after retries "
                                "(the VRR policies need every answer's M votes)")
     rules = {"none": lambda steps, recs: Outcome("none", 0, 0, "the initial answer"),
              "hard_cap": lambda steps, recs: hard_cap(steps, r.max_attempts),
              "dynamic": lambda steps, recs: dynamic(steps, recs[0]["aggregate"],
                                                     r.max_attempts, r.dynamic)}
-    if voted:
+    if v.enabled and not failed:
         rules["vrr_stop"] = lambda steps, recs: vrr_stop(steps, recs[0]["accepts"], v.prior, vp)
         rules["vrr_guard"] = lambda steps, recs: vrr_guard(steps, recs[0]["accepts"], vp)
         if v.calibrate:
@@ -59,7 +53,10 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
             calibrated = dataclasses.replace(vp, rho0=cal.rho0, rho1=cal.rho1)
             rules["vrr_stop_calibrated"] = lambda steps, recs: vrr_stop(
                 steps, recs[0]["accepts"], cal.prior_valid, calibrated)
-    steps = [steps_of(recs) for recs in trajectories]
+    # Attempts 1.. of each question's master trajectory.
+    steps = [[Step(rec["decision"]["accept"], recs[rec["retained_attempt"]]["aggregate"],
+                   rec["aggregate"], rec["retained_attempt"], rec["accepts"]) for rec in recs[1:]]
+             for recs in trajectories]
     return {name: [rule(st, recs) for st, recs in zip(steps, trajectories, strict=True)]
             for name, rule in rules.items()}, info
 
@@ -67,11 +64,8 @@ def derive_policies(cfg: Config, trajectories: list[list[dict[str, Any]]]
 def policy_tokens(name: str, recs: list[dict[str, Any]], attempts: int) -> int:
     if name == "none":
         return recs[0]["tokens"]["generate"]
-    used = recs[: attempts + 1]
-    total = sum(rec["tokens"]["generate"] + rec["tokens"]["evaluate"] for rec in used)
-    if name.startswith("vrr"):
-        total += sum(rec["tokens"]["votes"] for rec in used)
-    return total
+    kinds = ["generate", "evaluate"] + (["votes"] if name.startswith("vrr") else [])
+    return sum(rec["tokens"][kind] for rec in recs[: attempts + 1] for kind in kinds)
 
 
 def blind_scores(blind, prompts, trajectories, outcomes) -> tuple[dict, int]:
@@ -90,9 +84,8 @@ def summarize(cfg: Config, prompts, trajectories, outcomes, scores, info) -> dic
     per_question: dict[str, list[float | None]] = {}
     for name, outs in outcomes.items():
         tokens = [policy_tokens(name, trajectories[i], o.attempts) for i, o in enumerate(outs)]
-        blind = [scores[(i, o.final_index)] for i, o in enumerate(outs)]
+        per_question[name] = blind = [scores[(i, o.final_index)] for i, o in enumerate(outs)]
         got = [b for b in blind if b is not None]
-        per_question[name] = blind
         table[name] = {"attempts_mean": sum(o.attempts for o in outs) / len(outs),
                        "tokens_mean": sum(tokens) / len(tokens), "tokens_total": sum(tokens),
                        "blind_mean": sum(got) / len(got) if got else None,
@@ -133,9 +126,8 @@ def refinement_pairs(cfg: Config, prompts, trajectories, outcomes, scores) -> li
     rows = []
     for i, o in enumerate(outcomes[r.pairs_policy]):
         final, first = scores.get((i, o.final_index)), scores.get((i, 0))
-        if o.final_index == 0:
-            continue
-        if r.pairs_rule == "blind" and (final is None or first is None or final <= first):
+        no_gain = final is None or first is None or final <= first
+        if o.final_index == 0 or r.pairs_rule == "blind" and no_gain:
             continue
         chosen, rejected = trajectories[i][o.final_index], trajectories[i][0]
         rows.append({"prompt": list(prompts[i].messages),
@@ -193,11 +185,10 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, row in summary["policies"].items():
-        if row["blind_mean"] is None:
-            continue
-        ax.scatter(row["tokens_mean"], row["blind_mean"])
-        ax.annotate(name, (row["tokens_mean"], row["blind_mean"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
+        if row["blind_mean"] is not None:
+            ax.scatter(row["tokens_mean"], row["blind_mean"])
+            ax.annotate(name, (row["tokens_mean"], row["blind_mean"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
     ax.set_xlabel("tokens per question (generation + evaluation + votes)")
     ax.set_ylabel("blind outcome score (E_B, 0-1)")
     ax.set_title("Refinement policies: quality vs tokens (shared trajectories)")

@@ -20,10 +20,6 @@ class VRRParams:
     tau: float = 0.0
     delta: int = 5
 
-    @property
-    def j(self) -> float:
-        return youden_j(self.rho0, self.rho1)
-
 
 def youden_j(rho0: float, rho1: float) -> float:
     """J = 1 - rho0 - rho1: P(accept | valid) - P(accept | invalid)."""
@@ -65,16 +61,15 @@ def stop_trace(votes: list[int], prior: float, p: VRRParams) -> list[StopStep]:
     repairs). Stops at the first round whose gain is <= tau, or after k repairs; the trace
     ends at that round, so `len(trace) - 1` is the number of repairs made."""
     trace: list[StopStep] = []
-    b_prior = prior
     for r, s in enumerate(votes):
-        b = float(posterior(b_prior, s, p.m, p.rho0, p.rho1))
+        b = float(posterior(prior, s, p.m, p.rho0, p.rho1))
         g = float(gain(b, p.alpha, p.beta))
         if r >= p.k or g <= p.tau:
             reason = f"cap: {p.k} repairs made" if r >= p.k else f"G={g:.4f} <= tau={p.tau}"
             trace.append(StopStep(r, s, b, g, False, reason))
             return trace
         trace.append(StopStep(r, s, b, g, True, f"G={g:.4f} > tau={p.tau}"))
-        b_prior = float(predict(b, p.alpha, p.beta))
+        prior = float(predict(b, p.alpha, p.beta))  # the next round's prior
     return trace
 
 
@@ -92,22 +87,17 @@ class VoteCalibration:
     converged: bool
 
 
-def calibrate_votes(accepts, m: int, iterations: int = 500, tol: float = 1e-10,
-                    init: tuple[float, float, float] = (0.5, 0.8, 0.2),
-                    labelled: tuple | None = None) -> VoteCalibration:
+def calibrate_votes(accepts, m: int, labelled: tuple | None = None) -> VoteCalibration:
     """Binomial-mixture EM over the accepts of m votes on each of many plans (no labels).
-
     Components: valid (accept probability 1 - rho1) and invalid (rho0). The mixture alone cannot
-    tell which is which: the component with the higher accept probability is named valid,
-    unless `labelled` = (accepts, valid) of a few labelled plans says the verifier prefers
-    invalid plans (J < 0), in which case the names are swapped."""
+    tell which is which: the component with the higher accept probability is named valid, unless
+    `labelled` = (accepts, valid) of a few labelled plans says the verifier prefers invalid plans
+    (J < 0), in which case the names are swapped."""
     s = np.asarray(accepts, dtype=float)
     if s.size == 0:
         raise ValueError("no votes to calibrate from")
-    w, p1, p0 = init
-    converged = False
-    it = 0
-    for it in range(1, iterations + 1):  # noqa: B007 - the count is reported
+    w, p1, p0 = 0.5, 0.8, 0.2
+    for it in range(1, 501):  # noqa: B007 - the count is reported
         l1 = w * p1 ** s * (1 - p1) ** (m - s)
         l0 = (1 - w) * p0 ** s * (1 - p0) ** (m - s)
         r = l1 / np.maximum(l1 + l0, 1e-300)
@@ -117,22 +107,19 @@ def calibrate_votes(accepts, m: int, iterations: int = 500, tol: float = 1e-10,
         new_p1, new_p0 = min(max(new_p1, 1e-6), 1 - 1e-6), min(max(new_p0, 1e-6), 1 - 1e-6)
         step = max(abs(new_w - w), abs(new_p1 - p1), abs(new_p0 - p0))
         w, p1, p0 = new_w, new_p1, new_p0
-        if step < tol:
-            converged = True
+        if step < 1e-10:
             break
     if p0 > p1:
         w, p1, p0 = 1 - w, p0, p1
     if labelled is not None and _prefers_invalid(*labelled):
         w, p1, p0 = 1 - w, p0, p1
     return VoteCalibration(rho0=p0, rho1=1 - p1, prior_valid=w, iterations=it,
-                           converged=converged)
+                           converged=step < 1e-10)
 
 
 def _prefers_invalid(accepts, valid) -> bool:
     s, v = np.asarray(accepts, dtype=float), np.asarray(valid, dtype=bool)
-    if v.all() or not v.any():
-        return False
-    return bool(s[v].mean() < s[~v].mean())
+    return bool(v.any() and not v.all() and s[v].mean() < s[~v].mean())
 
 
 @dataclass(frozen=True)
@@ -145,8 +132,7 @@ class RepairCalibration:
 
 def calibrate_repairs(valid_before, valid_after) -> RepairCalibration:
     """alpha = share of invalid plans a repair fixed; beta = share of valid ones it broke."""
-    before = np.asarray(valid_before, dtype=bool)
-    after = np.asarray(valid_after, dtype=bool)
+    before, after = np.asarray(valid_before, dtype=bool), np.asarray(valid_after, dtype=bool)
     n_inv, n_val = int((~before).sum()), int(before.sum())
     if n_inv == 0 or n_val == 0:
         raise ValueError("labelled repairs need both valid and invalid plans before the repair "
