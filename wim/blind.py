@@ -18,6 +18,8 @@ from wim.blind_verdicts import (
     verdict_probabilities,
     verdict_schema,
 )
+from wim.judge_prompts import EMPTY_ANSWER, format_question_answer, guided_max_tokens
+from wim.judges import ask_in_two_steps, generate_one
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,6 @@ MODES = ("pairwise", "pointwise")
 VERDICTS = ("weighted", "hard")
 TOP_LOGPROBS = 8
 """Most likely tokens asked for per position (vLLM's default cap is 20)."""
-EMPTY_ANSWER = "(empty answer)"
 
 # The last "Verdict" label counts (a model that restates the format writes "Verdict: <A if ...>"
 # first). A and B must be capitals, so "Verdict: a tie" is read as a tie, not as A.
@@ -60,9 +61,8 @@ def build_pair_messages(question: str, first: str, second: str) -> list[dict[str
 
 
 def build_point_messages(question: str, answer: str) -> list[dict[str, str]]:
-    user = f"Question:\n{question.strip()}\n\nAnswer:\n{_answer(answer)}"
     return [{"role": "system", "content": load_blind_template("pointwise")},
-            {"role": "user", "content": user}]
+            {"role": "user", "content": format_question_answer(question, answer)}]
 
 
 @cache
@@ -73,13 +73,11 @@ def placeholders(mode: str) -> tuple[str, ...]:
 
 def copied_placeholder(text: str, mode: str) -> str | None:
     """The template placeholder the text copies (case-insensitive), if any."""
-    low = text.lower()
-    return next((p for p in placeholders(mode) if p in low), None)
+    return next((p for p in placeholders(mode) if p in text.lower()), None)
 
 
 def _last_label(text: str, mode: str, pattern: re.Pattern, label: str):
-    """(the last match of the label, None) or (None, reason); a copied template placeholder
-    is a failure."""
+    """(the last match of the label, None) or (None, reason: no label, a copied placeholder)."""
     copied = copied_placeholder(text, mode)
     if copied:
         return None, f"copied the template placeholder {copied!r}"
@@ -140,22 +138,15 @@ class BlindEvaluator:
         convs = [build_pair_messages(questions[i], answers_a[i], answers_b[i]) for i in ask]
         convs += [build_pair_messages(questions[i], answers_b[i], answers_a[i]) for i in ask]
         results = self._ask_all(convs, VERDICT_LABEL, parse_verdict)
-        n, slot = len(ask), {i: k for k, i in enumerate(ask)}
-        out = []
-        for i in range(len(questions)):
-            if i not in slot:
-                out.append(PairVerdict("tie", None, [], 0, identical=True))
-                continue
-            (v1, f1, raw1, t1, p1), (v2, f2, raw2, t2, p2) = (results[slot[i]],
-                                                              results[n + slot[i]])
+        out = [PairVerdict("tie", None, [], 0, identical=True) for _ in questions]
+        for k, i in enumerate(ask):
+            (v1, f1, raw1, t1, p1), (v2, f2, raw2, t2, p2) = results[k], results[len(ask) + k]
             failed = (("a/b", f1), ("b/a", f2))
             failure = "; ".join(f"order {o}: {f}" for o, f in failed if f) or None
-            winner = None if failure else combine_orders(v1, v2)
-            out.append(PairVerdict(winner, failure, raw1 + raw2, t1 + t2,
-                                   orders=order_verdicts(v1, v2),
-                                   probs=(None, None) if failure else (p1, p2),
-                                   path="guided" if self.backend.supports_guide
-                                   else "top_logprobs"))
+            out[i] = PairVerdict(None if failure else combine_orders(v1, v2), failure,
+                                 raw1 + raw2, t1 + t2, orders=order_verdicts(v1, v2),
+                                 probs=(None, None) if failure else (p1, p2),
+                                 path="guided" if self.backend.supports_guide else "top_logprobs")
         return out
 
     def pointwise(self, questions: list[str], answers: list[str]) -> list[PointVerdict]:
@@ -167,9 +158,8 @@ class BlindEvaluator:
                 for v, f, raw, t, _ in self._ask_all(convs, SCORE_LABEL, parse_score)]
 
     def _ask_all(self, convs, label: str, parse):
-        """Per conversation: (value, failure, raw texts, tokens, verdict probabilities or
-        None), with retries of parse failures. A backend failure is final here (the backend
-        has its own retries)."""
+        """Per conversation: (value, failure, raw texts, tokens, verdict probabilities or None).
+        Parse failures are retried; a backend failure is final (the backend has its own)."""
         values: list = [None] * len(convs)
         probs: list = [None] * len(convs)
         failures: list[str | None] = [None] * len(convs)
@@ -204,40 +194,29 @@ class BlindEvaluator:
         return self.verdict == "weighted" and label == VERDICT_LABEL
 
     def _ask(self, convs, label: str, temperature: float, seed: int):
-        """(text, backend error or None, tokens, top_logprobs of the value) per conversation,
-        one completion each."""
+        """(text, backend error or None, tokens, top_logprobs of the value) per conversation."""
         if not convs:
             return []
         b = self.backend
         top = TOP_LOGPROBS if self._weighted(label) else 0
+        head = ""
         if b.supports_prefill and b.supports_guide:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, guide_label=label,
                                     guide_choices=_CHOICES[label], top_logprobs=top)
-            outs = self._generate(convs, params, seed, REASON_PREFILL)
-            return [(REASON_PREFILL + o.text, o.failure, _tokens(o), o.top_logprobs)
-                    for o in outs]
-        if b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
-            reason = SamplingParams(self.max_new_tokens, temperature, 1.0,
-                                    stop=(label.rstrip(":"),))
-            first = self._generate(convs, reason, seed, REASON_PREFILL)
-            heads = [REASON_PREFILL + o.text.rstrip() + "\n" + label for o in first]
-            value = SamplingParams(4, temperature, 1.0, stop=("\n",), top_logprobs=top)
-            second = self._generate(convs, value, seed, heads)
-            return [(h + o2.text, o1.failure or o2.failure, _tokens(o1) + _tokens(o2),
-                     o2.top_logprobs) for h, o1, o2 in zip(heads, first, second, strict=True)]
-        if top and b.supports_json_schema:  # the verdict as an enum (verdict_schema)
-            from wim.judge_prompts import guided_max_tokens
-
+            head = REASON_PREFILL
+        elif b.supports_prefill:  # llama.cpp: the reason, then the label is written for it
+            steps = ask_in_two_steps(b, convs, REASON_PREFILL, label, self.max_new_tokens,
+                                     temperature, seed, top)
+            return [(text, o1.failure or o2.failure, _tokens(o1) + _tokens(o2), o2.top_logprobs)
+                    for text, o1, o2 in steps]
+        elif top and b.supports_json_schema:  # the verdict as an enum (verdict_schema)
             limit = guided_max_tokens("wim", self.max_new_tokens)  # a reason sized as a critique
             params = SamplingParams(limit, temperature, 1.0, top_logprobs=top,
                                     json_schema=verdict_schema(self.max_new_tokens))
         else:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, top_logprobs=top)
-        outs = self._generate(convs, params, seed, None)
-        return [(o.text, o.failure, _tokens(o), o.top_logprobs) for o in outs]
-
-    def _generate(self, convs, params, seed: int, prefill) -> list[Completion]:
-        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
+        outs = generate_one(b, convs, params, seed, head or None)
+        return [(head + o.text, o.failure, _tokens(o), o.top_logprobs) for o in outs]
 
     def close(self) -> None:
         self.backend.close()
@@ -247,7 +226,7 @@ def _tokens(completion: Completion) -> int:
     return completion.prompt_tokens + completion.completion_tokens
 
 
-def open_blind_evaluator(cfg, batch_size: int = 8) -> BlindEvaluator:
+def open_blind_evaluator(cfg) -> BlindEvaluator:
     """The evaluator of `cfg.blind` (`cfg` a Config; with `blind.backend: http`, its endpoint is
     `blind.http` over `http:`)."""
     from wim.backends import open_backend
@@ -257,7 +236,7 @@ def open_blind_evaluator(cfg, batch_size: int = 8) -> BlindEvaluator:
     http = blind_http(cfg) if section.backend == "http" else None
     model = http.model if http else section.model
     backend = open_backend(section.backend, model, http,
-                           batch_size=section.batch_size or batch_size, dtype=section.dtype)
+                           batch_size=section.batch_size or 8, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,
                           retry_temperature=section.retry_temperature, model_name=model,

@@ -1,6 +1,5 @@
-"""What one blind verdict is, and how it is read: both orders of a pair combined
-(`combine_orders`), and the weighted preference from the verdict token's probabilities
-(`verdict_probabilities`; wim/blind.py says where they come from on each backend)."""
+"""What one blind verdict is, and how it is read: both orders of a pair combined, and the
+weighted preference from the verdict token's probabilities (wim/blind.py: where they come from)."""
 
 from __future__ import annotations
 
@@ -103,13 +102,11 @@ tokens at -9999): it does not make a position a verdict position."""
 
 
 def verdict_probabilities(top_logprobs, verdict: str | None) -> dict[str, float] | None:
-    """{"A", "B", "tie"} -> probability at the verdict position, normalized over the three;
-    None when there is no such position. The verdict position is the last generated one (the
-    verdict comes last in both formats) that lists at least two of the choices unmasked, or
-    whose most likely token starts the parsed `verdict` (a peaked distribution); the
-    probability of a choice sums every listed token that starts it ("t", "ti" and "tie" are
-    all a tie). Other tokens at that position (" C", punctuation) are left out. A sampled
-    retry's verdict need not be the most likely one, hence the first rule."""
+    """{"A", "B", "tie"} -> probability at the verdict position, normalized over the three
+    (each sums every listed token that starts it: "t", "ti", "tie"; " C" is left out); None
+    when there is none. That is the last generated position (the verdict comes last) that lists
+    two choices unmasked (a sampled retry's verdict need not be the most likely), or whose most
+    likely token starts the parsed `verdict` (a peaked distribution)."""
     if verdict is None:
         return None
     for position in reversed(top_logprobs or ()):
@@ -130,9 +127,8 @@ def verdict_probabilities(top_logprobs, verdict: str | None) -> dict[str, float]
 
 
 def verdict_schema(max_new_tokens: int) -> dict:
-    """The JSON a server is asked for in weighted mode: a reason of bounded length, then the
-    verdict as an enum, so the server's guided decoding restricts the verdict position to the
-    three choices and its `top_logprobs` there are their distribution."""
+    """The JSON a server is asked for in weighted mode: a bounded reason, then the verdict as an
+    enum, so guided decoding restricts it to the three choices (its `top_logprobs` too)."""
     from wim.judge_prompts import critique_max_chars
 
     return {"type": "object",

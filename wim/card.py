@@ -1,8 +1,5 @@
-"""The dataset card of a run's pairs: `DIR/pairs/README.md` (and `DIR/pairs.README.md`, and
-`DIR/dataset/README.md` with the completions config), in the Hub's dataset-card format: YAML
-metadata between `---` lines, with a `wim` block of the numbers a program may want, then
-markdown that says how the pairs were made. A pure function of its inputs: the caller (data_gen's
-pairs stage) writes the files.
+"""The dataset card of a run's pairs, in the Hub's format; a pure function (the pairs stage
+writes it). More: docs/design.md, "Responses from a source, and the dataset card".
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ def size_category(n: int) -> str:
 
 
 def card_config(cfg: Config) -> dict[str, Any]:
-    """The config sections that decide the pairs: the run identity, the judge in full, the
-    scoring and the pairing."""
+    """The config sections that decide the pairs: the run identity, judge, scoring, pairs."""
     data = cfg.to_dict()
     return {**identity(cfg), "judge": data["judge"], "scoring": data["scoring"],
             "pairs": data["pairs"]}
@@ -72,15 +68,13 @@ def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
                 completions: dict[str, Any] | None = None) -> str:
     """The card's text. `scored`: scores.jsonl's records, or their `summarize_scores`;
     `counts`: the pairs stage's `pairs/...` counts; `data_files`: the glob of the data files
-    next to the card; `source`: the generate stage's stats when the responses came from
-    generation.source (its shape and sha256); `source_license`: the license its own card or
-    dataset info names, if any (`card.license` comes first); `completions`: the counts of the
-    `completions` config next to the card (DIR/dataset/, data_gen/completions.py), which the
-    card then names and describes."""
+    next to the card; `source`: the generate stage's stats (generation.source's shape and
+    sha256); `source_license`: the license the source names, if any; `completions`: the counts
+    of the `completions` config next to the card (DIR/dataset/), which the card then describes."""
     if not isinstance(scored, ScoreSummary):
         scored = summarize_scores(group_by_prompt(scored).values(), cfg)
     judge, stats, judge_model = scored.judge, scored.pairs, scored.judge_model
-    license_, license_from = _license(cfg, source_license)
+    license_, license_from, license_line = _license(cfg, source_license)
     n = counts.get("pairs/count", 0)
     facts = {"judge_role": cfg.judge.role, "judge_model": judge_model,
              "judge_mode": cfg.judge.mode, "judge_prompt": cfg.judge.prompt,
@@ -114,7 +108,7 @@ def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
               "What Is Missing (WIM) scores: a judge writes what is missing from each response "
               "and a 1-10 rating; score = (1 - zeta) * rating_norm + zeta * cos(E(response), "
               "E(critique)), with rating_norm = (N - 5) / 5.", ""]
-    lines += _license_lines(license_, license_from)
+    lines += [license_line, ""]
     lines += _source_lines(cfg, scored.origins, source or {})
     lines += _judge_lines(cfg, judge_model)
     lines += _count_lines(cfg, counts, judge)
@@ -153,38 +147,32 @@ def _completions_lines(completions: dict[str, Any] | None) -> list[str]:
             ""]
 
 
-def _license(cfg: Config, source_license: str | None) -> tuple[str, str]:
-    """(license id, where it came from: `card.license`, `source` or `unknown`)."""
+def _license(cfg: Config, source_license: str | None) -> tuple[str, str, str]:
+    """(license id, where it came from: `card.license`, `source` or `unknown`, the card's line)."""
     if cfg.card.license:
-        return cfg.card.license, "card.license"
+        return (cfg.card.license, "card.license",
+                f"License: `{cfg.card.license}` (set by `card.license`).")
     if source_license:
-        return source_license, "source"
-    return "unknown", "unknown"
-
-
-def _license_lines(license_: str, license_from: str) -> list[str]:
-    if license_from == "card.license":
-        return [f"License: `{license_}` (set by `card.license`).", ""]
-    if license_from == "source":
-        return [f"License: `{license_}`, as the source's own card gives it. The responses keep "
-                "their source's terms; set `card.license` to state another.", ""]
-    return ["License: **unknown**. Nothing set it: `card.license` is null and the responses' "
+        return (source_license, "source",
+                f"License: `{source_license}`, as the source's own card gives it. The responses "
+                "keep their source's terms; set `card.license` to state another.")
+    return ("unknown", "unknown",
+            "License: **unknown**. Nothing set it: `card.license` is null and the responses' "
             "source names none. Set `card.license` to the license these pairs may be shared "
-            "under (the prompts', responses' and judge's terms all apply) before publishing.",
-            ""]
+            "under (the prompts', responses' and judge's terms all apply) before publishing.")
 
 
 def _source_lines(cfg: Config, origins: dict[str, int], source: dict[str, Any]
                   ) -> list[str]:
-    if cfg.generation.source is None:
+    g = cfg.generation
+    if g.source is None:
         return ["## Responses", "",
-                f"Sampled by the policy `{cfg.policy.model}`: k={cfg.generation.k} per prompt, "
-                f"temperature {cfg.generation.temperature:g}, top_p {cfg.generation.top_p:g}, "
-                f"at most {cfg.generation.max_new_tokens} new tokens.", ""]
+                f"Sampled by the policy `{cfg.policy.model}`: k={g.k} per prompt, temperature "
+                f"{g.temperature:g}, top_p {g.top_p:g}, at most {g.max_new_tokens} new tokens.", ""]
     listed = ", ".join(f"`{k}` ({v})" for k, v in sorted(origins.items()))
     return ["## Responses", "",
-            f"Not sampled: read from `{cfg.generation.source}` (shape "
-            f"{source.get('generate/source_shape', cfg.generation.source_shape)}, sha256 "
+            f"Not sampled: read from `{g.source}` (shape "
+            f"{source.get('generate/source_shape', g.source_shape)}, sha256 "
             f"`{source.get('generate/source_sha256', 'unknown')}`). Origins: {listed}. "
             f"{source.get('generate/source_too_few_responses', 0)} prompts of the source had "
             "fewer than two responses and were left out.", ""]

@@ -1,6 +1,5 @@
-"""Sentence embedders for the WIM similarity: in process (sentence-transformers) or on a server
-(an OpenAI-compatible `/v1/embeddings`: vLLM `--runner pooling`, TEI, OpenAI).
-More: docs/design.md, "Module notes".
+"""Sentence embedders for the WIM similarity: in process (sentence-transformers) or on an
+OpenAI-compatible `/v1/embeddings` server. More: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -22,12 +21,9 @@ class EmbedderError(WimError):
 
 class Embedder:
     """A sentence-transformers model that returns unit-length embeddings, on the GPU when
-    there is one, in `dtype` (`auto`, `float32`, `bfloat16`: wim/precision.py's rule).
-
-    Texts are embedded in batches and cached by sha256 for the embedder's lifetime, so a
-    response judged several times (or re-scored at another zeta) in one process is embedded
-    once. (The score stage keeps no embedder cache of its own: it stores similarities.)
-    """
+    there is one, in `dtype` (wim/precision.py's rule). Texts are cached by sha256 for the
+    embedder's lifetime, so a response judged several times (or re-scored at another zeta) in
+    one process is embedded once (the score stage keeps no cache: it stores similarities)."""
 
     def __init__(self, name: str, batch_size: int = 64, dtype: str = "float32") -> None:
         from sentence_transformers import SentenceTransformer
@@ -39,7 +35,6 @@ class Embedder:
         self.batch_size = batch_size
         self.dtype = resolve_dtype(dtype)
         device, torch_dtype = device_and_dtype(self.dtype)  # GPU when there is one
-        self.device = device
         try:
             self.model = SentenceTransformer(resolve_embedder(name), device=device,
                                              model_kwargs={"torch_dtype": torch_dtype})
@@ -73,9 +68,8 @@ class Embedder:
 
 
 class HTTPEmbedder:
-    """Embeddings from OpenAI-compatible `/v1/embeddings` servers, through the judge driver's
-    transport (wim/backends/http_client.py): requests of `batch_size` texts, many in flight,
-    retries on timeouts and 5xx, pauses on 429, per-URL failover. Vectors are normalized here
+    """Embeddings from OpenAI-compatible `/v1/embeddings` servers, `batch_size` texts a request,
+    through the judge's HTTP transport (wim/backends/http_client.py). Vectors are normalized here
     (servers differ on whether they do), so the cosine is a dot product as in process."""
 
     def __init__(self, model: str, base_urls: list[str], batch_size: int = 64,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections import defaultdict
 from pathlib import Path
 
 from wim.errors import InputError
@@ -31,10 +30,8 @@ def split_prompts(prompts: list[Prompt], holdout: int) -> tuple[list[Prompt], li
             f"prompts.holdout is {holdout} but the prompt set has only {len(prompts)} prompts; "
             "hold out fewer, so that some are left to train on."
         )
-    by_domain: dict[str, list[Prompt]] = defaultdict(list)
-    for p in prompts:
-        by_domain[p.domain].append(p)
-    queues = [sorted(group, key=_rank) for _, group in sorted(by_domain.items())]
+    ranked = sorted(prompts, key=lambda p: (p.domain, _rank(p)))
+    queues = [list(group) for _, group in itertools.groupby(ranked, key=lambda p: p.domain)]
     # zip_longest takes the domains in turns: every domain's first, then every second, ...
     turns = itertools.zip_longest(*queues)
     held = [p for turn in turns for p in turn if p is not None][:holdout]

@@ -47,10 +47,9 @@ def guided_max_tokens(mode: str, max_new_tokens: int) -> int:
 
 
 def judge_json_schema(mode: str = "wim", max_new_tokens: int | None = None) -> dict:
-    """The JSON a server is asked for (HTTP judges, `judge.guided_json`): the fields of the
-    text format as keys, `{"missing": "...", "rating": N}` (numeric mode: only the rating), the
-    critique bounded by `critique_max_chars`. The parser reads this JSON like the two-line
-    format and checks every value itself."""
+    """The JSON a server is asked for (`judge.guided_json`): `{"missing": "...", "rating": N}`
+    (numeric mode: only the rating). The parser reads it like the two-line format and checks
+    every value itself."""
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
     # An enum rather than minimum/maximum: llama.cpp's schema-to-grammar ignores the bounds
@@ -66,8 +65,7 @@ def judge_json_schema(mode: str = "wim", max_new_tokens: int | None = None) -> d
 
 @cache
 def load_template(mode: str, prompt: str = "ours") -> str:
-    """The raw instruction template for `mode` ('wim' or 'numeric') and `prompt` ('ours' or
-    'authors'), read once and cached."""
+    """The raw instruction template for `mode` and `prompt`, read once."""
     if mode not in MODES:
         raise ValueError(f"judge mode must be one of {MODES}, got {mode!r}")
     if prompt not in PROMPTS:
@@ -96,12 +94,9 @@ def format_question_answer(prompt: str, response: str) -> str:
 def build_judge_messages(prompt: str, response: str, *, criteria: str, mode: str = "wim",
                          instructions_in: str = "system",
                          prompt_style: str = "ours") -> list[dict[str, str]]:
-    """Chat messages for the judge. mode 'wim' or 'numeric'; prompt_style 'ours' or 'authors'
-    (see load_template). instructions_in 'system': instructions in a system message and the
-    question/answer in the user message; 'user': everything in one user message (for chat
-    templates without a system role). The assistant prefill is not part of the result; the
-    backend adds it. Raises ValueError for an unknown `mode` or `instructions_in`.
-    """
+    """Chat messages for the judge, without the assistant prefill (the backend adds it).
+    instructions_in 'user': everything in one user message (chat templates without a system
+    role)."""
     if instructions_in not in INSTRUCTIONS_IN:
         raise ValueError(
             f"instructions_in must be one of {INSTRUCTIONS_IN}, got {instructions_in!r}"

