@@ -16,6 +16,7 @@ from typing import Any
 
 from wim.config import Config, judge_http
 from wim.errors import StageIncomplete, WimError
+from wim.records import write_atomic
 from wim.rundir import RunDir
 
 
@@ -79,9 +80,7 @@ class BatchAPI:
 
 
 def _save(path: Path, data: dict | bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data if isinstance(data, bytes) else json.dumps(data, indent=2).encode())
-    os.replace(tmp, path)
+    write_atomic(path, data if isinstance(data, bytes) else [json.dumps(data, indent=2)])
 
 
 def submitted_path(run: RunDir) -> Path:

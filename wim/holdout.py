@@ -11,6 +11,7 @@ from pathlib import Path
 
 from wim.errors import InputError
 from wim.prompts import Prompt, load_prompts
+from wim.records import write_atomic
 
 SPLIT_FILE = "split.json"
 RULE = ("prompts.holdout prompts, ranked within each domain by sha256('wim-holdout:' + id), "
@@ -51,9 +52,7 @@ def load_split(source: str, split: str, limit: int | None,
 def write_split(folder: Path, train: list[Prompt], held: list[Prompt]) -> None:
     data = {"rule": RULE, "holdout": [p.id for p in held], "train": [p.id for p in train]}
     path = Path(folder) / SPLIT_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_atomic(path, [json.dumps(data, indent=1)])
 
 
 def read_split(folder: Path) -> dict | None:

@@ -270,13 +270,16 @@ def write_records_atomic(path: str | Path, records: Iterable[dict[str, Any]]) ->
     write_atomic(path, (json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
 
-def write_atomic(path: str | Path, chunks: Iterable[str]) -> None:
-    """Replace a whole file with the text `chunks`, or leave it as it was."""
+def write_atomic(path: str | Path, chunks: Iterable[str] | bytes) -> None:
+    """Replace a whole file with the text `chunks` (or bytes), or leave it as it was."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.writelines(chunks)
+        with tmp.open("wb") as f:
+            if isinstance(chunks, bytes):
+                f.write(chunks)
+            else:
+                f.writelines(chunk.encode("utf-8") for chunk in chunks)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

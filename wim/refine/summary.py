@@ -13,6 +13,7 @@ from typing import Any
 
 from wim.config import Config
 from wim.markdown import markdown_table
+from wim.records import write_atomic
 from wim.refine.analysis import compare_policies
 from wim.refine.stopping import Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
 from wim.refine.vrr import VRRParams, calibrate_votes, choose_policy, youden_j
@@ -197,6 +198,4 @@ def plot(path: Path, summary: dict[str, Any]) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_atomic(path, [json.dumps(data, indent=2)])
