@@ -226,17 +226,19 @@ def _tokens(completion: Completion) -> int:
     return completion.prompt_tokens + completion.completion_tokens
 
 
-def open_blind_evaluator(cfg) -> BlindEvaluator:
+def open_blind_evaluator(cfg, backend: Backend | None = None) -> BlindEvaluator:
     """The evaluator of `cfg.blind` (`cfg` a Config; with `blind.backend: http`, its endpoint is
-    `blind.http` over `http:`)."""
+    `blind.http` over `http:`). `backend`: an already open one to share (wim refine passes its
+    policy when `blind:` names the same local model), else opened from `blind:`."""
     from wim.backends import open_backend
     from wim.config import blind_http
 
     section = cfg.blind
     http = blind_http(cfg) if section.backend == "http" else None
     model = http.model if http else section.model
-    backend = open_backend(section.backend, model, http,
-                           batch_size=section.batch_size or 8, dtype=section.dtype)
+    if backend is None:
+        backend = open_backend(section.backend, model, http,
+                               batch_size=section.batch_size or 8, dtype=section.dtype)
     return BlindEvaluator(backend, max_retries=section.max_retries,
                           max_new_tokens=section.max_new_tokens, seed=section.seed,
                           retry_temperature=section.retry_temperature, model_name=model,

@@ -78,15 +78,12 @@ def refine_2x2_command(args: argparse.Namespace) -> int:
 def _blind(cfg, policy):
     """E_B of `blind:`; it shares the policy's weights when it is the same local model (no
     adapter), so that the model is not loaded twice."""
-    from wim.blind import BlindEvaluator, open_blind_evaluator
+    from wim.blind import open_blind_evaluator
 
     b = cfg.blind
-    if (b.backend == cfg.policy.backend == "transformers" and b.model == cfg.policy.model
-            and not cfg.policy.adapter):
-        return BlindEvaluator(policy, max_retries=b.max_retries, max_new_tokens=b.max_new_tokens,
-                              seed=b.seed, retry_temperature=b.retry_temperature,
-                              model_name=b.model)
-    return open_blind_evaluator(cfg)
+    same = (b.backend == cfg.policy.backend == "transformers" and b.model == cfg.policy.model
+            and not cfg.policy.adapter)
+    return open_blind_evaluator(cfg, backend=policy if same else None)
 
 
 def vrr_simulate_command(args: argparse.Namespace) -> int:
