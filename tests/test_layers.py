@@ -203,6 +203,24 @@ def where_is_table() -> list[tuple[str, list[str]]]:
     return [(what.strip(), re.findall(r"`([\w/]+\.py)`", where)) for what, where in rows]
 
 
+def names_of_the_where_is_table() -> list[tuple[str, str]]:
+    """(file, name) for each name the table gives in backticks after a file, e.g.
+    `wim/scoring.py` (`cosines`, `similarities`)."""
+    import re
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("### Where is", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    found = []
+    for line in section.splitlines()[2:]:
+        where, path = line.split("|")[2], None
+        for token in re.findall(r"`([^`]+)`", where):
+            if token.endswith(".py"):
+                path = token
+            elif path and token.isidentifier():
+                found.append((path, token))
+    return found
+
+
 def import_distances(graph: dict[str, set[str]], start: str) -> dict[str, int]:
     """Fewest imports from `start` to each module it reaches (breadth first)."""
     distance, frontier = {start: 0}, [start]
@@ -227,6 +245,24 @@ def test_every_file_of_the_where_is_table_exists_within_three_imports_of_the_ent
            for what, files in rows for f in files
            if not (ROOT / f).is_file() or distance.get(module_name(Path(f)), 99) > 3]
     assert far == []
+
+
+def test_every_name_in_the_where_is_table_is_defined_in_its_file():
+    import ast
+
+    names = names_of_the_where_is_table()
+    assert ("wim/scoring.py", "cosines") in names and ("wim/judges.py", "BackendJudge") in names
+    missing = []
+    for path, name in names:
+        tree = ast.parse((ROOT / path).read_text())
+        defined = {n.name for n in tree.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                    if isinstance(t, ast.Name)}
+        if name not in defined:
+            missing.append(f"{path}: {name}")
+    assert missing == []
 
 
 def test_the_distance_scan_counts_imports():
