@@ -9,6 +9,7 @@ command in its `COMMANDS` table); no other module may reach up.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -193,26 +194,24 @@ def test_no_module_is_over_400_lines():
     assert long == []
 
 
-def where_is_table() -> list[tuple[str, list[str]]]:
-    """(what, [files]) of each row of docs/design.md's "Where is" table."""
-    import re
-
+def where_is_rows() -> list[tuple[str, str]]:
+    """(what, where) cells of each row of docs/design.md's "Where is" table."""
     text = (ROOT / "docs" / "design.md").read_text()
     section = text.split("### Where is", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
-    rows = [line.split("|")[1:3] for line in ("|" + section).splitlines()[2:]]
-    return [(what.strip(), re.findall(r"`([\w/]+\.py)`", where)) for what, where in rows]
+    return [tuple(line.split("|")[1:3]) for line in ("|" + section).splitlines()[2:]]
+
+
+def where_is_table() -> list[tuple[str, list[str]]]:
+    """(what, [files]) of each row of the "Where is" table."""
+    return [(what.strip(), re.findall(r"`([\w/]+\.py)`", where)) for what, where in where_is_rows()]
 
 
 def names_of_the_where_is_table() -> list[tuple[str, str]]:
     """(file, name) for each name the table gives in backticks after a file, e.g.
     `wim/scoring.py` (`cosines`, `similarities`)."""
-    import re
-
-    text = (ROOT / "docs" / "design.md").read_text()
-    section = text.split("### Where is", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
     found = []
-    for line in section.splitlines()[2:]:
-        where, path = line.split("|")[2], None
+    for _, where in where_is_rows():
+        path = None
         for token in re.findall(r"`([^`]+)`", where):
             if token.endswith(".py"):
                 path = token
@@ -248,8 +247,6 @@ def test_every_file_of_the_where_is_table_exists_within_three_imports_of_the_ent
 
 
 def test_every_name_in_the_where_is_table_is_defined_in_its_file():
-    import ast
-
     names = names_of_the_where_is_table()
     assert ("wim/scoring.py", "cosines") in names and ("wim/judges.py", "BackendJudge") in names
     missing = []
