@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# Each file is renamed to carry its content's hash (`content_named`): `datasets` caches a folder
+# whose card declares `configs:` by the folder's name, the config name and the card's `path:`
+# patterns, so two runs' `dataset/` folders with the same file names loaded as one.
 PAIRS_FILE = "data/train-00000-of-00001.parquet"
 COMPLETIONS_FILE = "completions/train-00000-of-00001.parquet"
 # (system, the scores.jsonl field it ranks by): the three systems of the report and the card.
@@ -110,17 +114,31 @@ def write_pairs_parquet(saved: Path, path: Path) -> None:
             writer.close()
 
 
+def content_named(path: Path) -> Path:
+    """`path` renamed to end in the first 16 hex digits of its sha256, before the suffix (the
+    Hub's own `train-00000-of-00001-<hash>.parquet` naming): two files share a name only when
+    they share their bytes, so no other run's export can stand in for this one in a cache."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return path.rename(path.with_stem(f"{path.stem}-{digest.hexdigest()[:16]}"))
+
+
 def write_dataset_folder(folder: Path, saved_pairs: Path, groups: Iterable[list[dict[str, Any]]],
-                         config_file: Path, card: Callable[[CompletionCounts], str]
+                         config_file: Path, card: Callable[[CompletionCounts, str, str], str]
                          ) -> CompletionCounts:
-    """DIR/dataset/: both parquet files, README.md (`card` of the counts) and
-    resolved_config.yaml, built beside it, then renamed: a stopped stage leaves the old one."""
+    """DIR/dataset/: both parquet files (`content_named`), README.md (`card` of the counts and
+    the two files' paths in the folder) and resolved_config.yaml, built beside it, then
+    renamed: a stopped stage leaves the old one."""
     build = folder.with_name(f".{folder.name}-build")
     shutil.rmtree(build, ignore_errors=True)
     write_pairs_parquet(saved_pairs, build / PAIRS_FILE)
     counts = write_completions(groups, build / COMPLETIONS_FILE)
+    pairs, completions = (content_named(build / f).relative_to(build).as_posix()
+                          for f in (PAIRS_FILE, COMPLETIONS_FILE))
     shutil.copyfile(config_file, build / "resolved_config.yaml")
-    (build / "README.md").write_text(card(counts))
+    (build / "README.md").write_text(card(counts, pairs, completions))
     shutil.rmtree(folder, ignore_errors=True)
     build.rename(folder)
     return counts

@@ -47,7 +47,7 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
     hub_card = _write_cards(cfg, run, summarize_scores(scores.groups(), cfg), stats)
     if counts.pairs:
         write_dataset_folder(hub_folder, folder, scores.groups(), run.config_file,
-                             lambda completions: hub_card(asdict(completions)))
+                             lambda completions, *files: hub_card(asdict(completions), *files))
         if cfg.export.push_to_hub:
             _push(cfg.export.push_to_hub, hub_folder)
     else:  # no pairs: no folder that would still show an earlier run's
@@ -65,7 +65,8 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
 def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
                  ) -> Callable[[dict[str, Any]], str]:
     """DIR/pairs/README.md and DIR/pairs.README.md; returns the card of DIR/dataset/ (the
-    Hub's layout, both configs) as a function of the completions config's counts."""
+    Hub's layout, both configs) as a function of the completions config's counts and the
+    paths of the two configs' files."""
     from wim.card import render_card
     from wim.sources import source_license
 
@@ -78,12 +79,15 @@ def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
     folder = run.file("pairs")
     folder.mkdir(exist_ok=True)  # the card is written even when there is no pair
 
-    def card(files: str, completions: dict[str, Any] | None = None) -> str:
-        return render_card(cfg, summary, counts, files, source, license_, completions)
+    def card(files: str, completions: dict[str, Any] | None = None,
+             completions_files: str | None = None) -> str:
+        return render_card(cfg, summary, counts, files, source, license_, completions,
+                           completions_files)
 
     (folder / "README.md").write_text(card("data-*.arrow"))
     run.file("pairs.README.md").write_text(card("pairs.jsonl"))
-    return lambda completions: card("data/train-*", completions)
+    return lambda completions, pairs_file, completions_file: card(
+        pairs_file, completions, completions_file)
 
 
 def _save_dataset(jsonl: Path, folder: Path) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +18,14 @@ from recording_server import JSONServer, chat_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+# A datasets cache of the suite's own, new for each test process and the processes it starts:
+# what another run loaded into the machine's cache (~/.cache/huggingface/datasets) must not
+# decide a test (a stale cached export once passed for this run's).
+if "WIM_TEST_DATASETS_CACHE" not in os.environ:
+    os.environ["WIM_TEST_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="wim-test-datasets-")
+    atexit.register(shutil.rmtree, os.environ["WIM_TEST_DATASETS_CACHE"], True)
+os.environ["HF_DATASETS_CACHE"] = os.environ["WIM_TEST_DATASETS_CACHE"]
 
 # `make test` runs two pytest-xdist workers on two cores: one thread each for torch, in the
 # worker and in the processes it starts, so that the two do not oversubscribe the cores.

@@ -6,6 +6,7 @@ the Hub and is not tested here; what it uploads is the folder these tests load."
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -49,16 +50,19 @@ def _scores() -> list[dict]:
     ]
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dataset") / "run"
+def _export(out: Path, scores: list[dict]) -> Path:
     cfg = load_config(QUICKSTART, ["prompts.holdout=0", f"scoring.zeta={ZETA}"])
     run = RunDir(out)
     run.ensure_folder()
     run.save_config(cfg)
-    write_records_atomic(run.scores, _scores())
+    write_records_atomic(run.scores, scores)
     export_pairs(cfg, run)
     return out
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    return _export(tmp_path_factory.mktemp("dataset") / "run", _scores())
 
 
 @pytest.fixture
@@ -74,9 +78,12 @@ def offline(monkeypatch):
 
 def test_the_folder_holds_both_configs_the_card_and_the_resolved_config(exported: Path):
     folder = exported / "dataset"
-    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
-        "README.md", "completions/train-00000-of-00001.parquet",
-        "data/train-00000-of-00001.parquet", "resolved_config.yaml"]
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert files[0] == "README.md" and files[3] == "resolved_config.yaml"
+    for file, config in ((files[1], "completions"), (files[2], "data")):
+        # named by the first 16 hex digits of its content's sha256
+        digest = hashlib.sha256((folder / file).read_bytes()).hexdigest()[:16]
+        assert file == f"{config}/train-00000-of-00001-{digest}.parquet"
     assert (folder / "resolved_config.yaml").read_bytes() == \
         (exported / "resolved_config.yaml").read_bytes()
     assert not list(exported.glob(".dataset-build*"))
@@ -89,6 +96,24 @@ def test_the_default_config_loads_as_the_rows_of_pairs_jsonl(exported: Path, off
     rows = [json.loads(line) for line in (exported / "pairs.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and pairs.to_list() == rows  # p0, p1, p3, p4; p2 has one parsed
     assert pairs.features == datasets.load_from_disk(str(exported / "pairs")).features
+
+
+def test_two_exported_runs_loaded_one_after_the_other_each_give_their_own_rows(
+        exported: Path, tmp_path: Path, offline):
+    """`datasets` caches a folder whose card declares `configs:` under the folder's name, the
+    config name and a hash of the card's `path:` patterns; two runs' `dataset/` folders with
+    the same patterns shared one cache entry, and the second load returned the first's rows."""
+    import datasets
+
+    other = _export(tmp_path / "run", _scores()[:3])  # p0 alone: 1 pair, not 4
+    for run, prompts in ((exported, ["p0", "p1", "p2", "p3", "p4"]), (other, ["p0"])):
+        for config, key in (("default", "prompt"), ("completions", "prompt_id")):
+            rows = datasets.load_dataset(str(run / "dataset"), config, split="train")
+            if config == "default":
+                jsonl = (run / "pairs.jsonl").read_text().splitlines()
+                assert rows.to_list() == [json.loads(line) for line in jsonl], run
+            else:
+                assert rows[key] == prompts, run
 
 
 def test_completions_hold_every_response_with_the_values_of_scores_jsonl(exported: Path,
@@ -116,7 +141,8 @@ def test_completions_hold_every_response_with_the_values_of_scores_jsonl(exporte
 
 def test_ranks_follow_the_scores_with_ties_at_the_best_rank_and_failures_unranked(
         exported: Path):
-    table = pq.read_table(exported / "dataset" / "completions" / "train-00000-of-00001.parquet")
+    (file,) = (exported / "dataset" / "completions").glob("train-00000-of-00001-*.parquet")
+    table = pq.read_table(file)
     rows = {r["prompt_id"]: r["completions"] for r in table.to_pylist()}
     p0 = rows["p0"]  # ratings 8, 8, 3; similarities 0.3, 0.1, 0.3
     assert [c["rank_numeric"] for c in p0] == [1, 1, 3]
@@ -139,7 +165,10 @@ def test_the_card_names_both_configs_and_counts_the_failures(exported: Path):
 
     card = DatasetCard.load(exported / "dataset" / "README.md")
     configs = {c["config_name"]: c["data_files"][0]["path"] for c in card.data.configs}
-    assert configs == {"default": "data/train-*", "completions": "completions/train-*"}
+    assert {name: path.split("-")[0] for name, path in configs.items()} == \
+        {"default": "data/train", "completions": "completions/train"}
+    for path in configs.values():  # each names its one file: no pattern another run shares
+        assert (exported / "dataset" / path).is_file()
     facts = card.data.to_dict()["wim"]["completions"]
     assert facts == {"prompts": 5, "responses": 12, "parse_failed": 2,
                      "unranked": {"numeric": 2, "wim": 2, "mixed": 2}}
@@ -193,4 +222,4 @@ def test_a_finished_pairs_stage_without_the_folder_runs_again_and_writes_it(expo
     assert "skipped" in run_wim(["pairs", str(run)]).stderr
     shutil.rmtree(run / "dataset")
     assert "skipped" not in run_wim(["pairs", str(run)]).stderr
-    assert (run / "dataset" / "completions" / "train-00000-of-00001.parquet").is_file()
+    assert len(list((run / "dataset" / "completions").glob("train-00000-of-00001-*.parquet")))

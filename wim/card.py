@@ -23,7 +23,6 @@ from wim.statistics import MECHANICAL_WARNING, is_bundled
 
 _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
           (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"))
-COMPLETIONS_FILES = "completions/train-*"
 _SYSTEMS = (("numeric", "numeric (rating)"), ("wim", "WIM (similarity)"), ("mixed", "mixed"))
 
 
@@ -65,12 +64,14 @@ def summarize_scores(groups: Iterable[list[dict[str, Any]]], cfg: Config) -> Sco
 def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
                 counts: dict[str, int], data_files: str, source: dict[str, Any] | None = None,
                 source_license: str | None = None,
-                completions: dict[str, Any] | None = None) -> str:
+                completions: dict[str, Any] | None = None,
+                completions_files: str | None = None) -> str:
     """The card's text. `scored`: scores.jsonl's records, or their `summarize_scores`;
-    `counts`: the pairs stage's `pairs/...` counts; `data_files`: the glob of the data files
-    next to the card; `source`: the generate stage's stats (generation.source's shape and
+    `counts`: the pairs stage's `pairs/...` counts; `data_files`: the path or glob of the data
+    files next to the card; `source`: the generate stage's stats (generation.source's shape and
     sha256); `source_license`: the license the source names, if any; `completions`: the counts
-    of the `completions` config next to the card (DIR/dataset/), which the card then describes."""
+    of the `completions` config next to the card (DIR/dataset/), which the card then describes,
+    and `completions_files` the path of its file."""
     if not isinstance(scored, ScoreSummary):
         scored = summarize_scores(group_by_prompt(scored).values(), cfg)
     judge, stats, judge_model = scored.judge, scored.pairs, scored.judge_model
@@ -96,7 +97,7 @@ def render_card(cfg: Config, scored: list[dict[str, Any]] | ScoreSummary,
             "wim": facts}
     if completions is not None:
         meta["configs"].append({"config_name": "completions", "data_files": [
-            {"split": "train", "path": COMPLETIONS_FILES}]})
+            {"split": "train", "path": completions_files}]})
         facts["completions"] = completions
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
              "# WIM preference pairs", ""]
