@@ -65,13 +65,20 @@ def pair_rows(groups: Iterable[list[dict[str, Any]]], cfg: PairsConfig, counts: 
                 yield pair_row(chosen, rejected)
 
 
-def _candidates(usable, cfg: PairsConfig, rng: random.Random):
-    # max/min keep the first of equal scores, so `first` means sample order.
+def best_and_worst(usable: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The highest and the lowest scored of two or more records, never the same one: max/min
+    keep the first of equal scores, so `first` means sample order; when all scores are equal
+    the worst is the first record after the best."""
     best = max(usable, key=lambda r: r["score"])
+    worst = min(usable, key=lambda r: r["score"])
+    if worst is best:
+        worst = next(r for r in usable if r is not best)
+    return best, worst
+
+
+def _candidates(usable, cfg: PairsConfig, rng: random.Random):
+    best, worst = best_and_worst(usable)
     if cfg.strategy == "best_vs_worst":
-        worst = min(usable, key=lambda r: r["score"])
-        if worst is best:
-            worst = next(r for r in usable if r is not best)
         return [(best, worst)]
     if cfg.strategy == "best_vs_random":
         lower = [r for r in usable if r["score"] < best["score"]

@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from wim.metrics import system_values
+from wim.pairs import best_and_worst
 from wim.records import RecordIndex, iter_records
 from wim.rundir import RunDir
 from wim.scoring import is_tie, ten_point_gap, to_ten_point
@@ -98,8 +99,7 @@ def _entries(pid: str, samples: dict[int, dict], pairs: list[dict], zeta: float,
         return entries
     usable = [r for r in samples.values() if r.get("score") is not None]
     if len(usable) >= 2:
-        best = max(usable, key=lambda r: r["score"])
-        worst = min((r for r in usable if r is not best), key=lambda r: r["score"])
+        best, worst = best_and_worst(usable)
         sides = [_side(best, "best", zeta), _side(worst, "worst", zeta)]
         return [{**base, "kind": "tie", "tie": True, "sides": sides,
                  "failures": _failures(failed, sides, zeta)}]
