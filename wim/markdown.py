@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -13,9 +14,27 @@ def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]] = ()) ->
     return [lines[0], "|---" * len(header) + "|", *lines[1:]]
 
 
+# What Markdown would read as syntax in running text or a table cell, escaped with a backslash
+# (CommonMark allows it before any ASCII punctuation): `\`, a backtick, `*`, brackets and `|`
+# always; `<` and `&` only where they would open an HTML tag or an entity; `_` only at a word's
+# edge (inside a word it makes no emphasis). So the raw .md reads as the text: "n = 13 < 50",
+# where HTML entities ("&lt;") showed in a terminal.
+_MARKDOWN_SYNTAX = re.compile(r"[\\`*\[\]|]|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])"
+                              r"|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
 def md_cell(text: Any) -> str:
-    """Free text (a domain name, a model name) safe inside a markdown table cell: no line
-    breaks, `|` escaped, and no raw HTML (`<`, `>`, `&` as entities)."""
+    """Free text (a domain name, a model name, a note) safe in a Markdown table cell or a
+    paragraph: one line, with `_MARKDOWN_SYNTAX` escaped, so no raw HTML, no emphasis, no link,
+    and no `|` that ends a cell. Not for code spans, where escapes are literal: see `md_code`."""
+    return _MARKDOWN_SYNTAX.sub(lambda m: "\\" + m.group(), " ".join(str(text).split()))
+
+
+def md_code(text: Any) -> str:
+    """Free text as an inline code span, outside tables: backslashes and entities are literal
+    in a code span, so nothing is escaped; the fence is one backtick longer than the longest
+    run of backticks inside, and padded with a space when the text starts or ends with one."""
     text = " ".join(str(text).split())
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from wim.markdown import markdown_table, md_cell
+from wim.markdown import markdown_table, md_cell, md_code
 
 
 def num(x: Any) -> str:
@@ -66,11 +66,11 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     if w.get("preference") is None:
         return "No weighted preference: every verdict failed."
     p = w.get("p_value")
-    rate = (f"weighted win rate {num(w['preference'])} of `{md_cell(c.get('a'))}` over "
-            f"`{md_cell(c.get('b'))}`, p = {pval(p)}")
+    rate = (f"weighted win rate {num(w['preference'])} of {md_code(c.get('a'))} over "
+            f"{md_code(c.get('b'))}, p = {pval(p)}")
     if p is not None and p < 0.05:
         side = c.get("a") if w["preference"] > 0.5 else c.get("b")
-        return f"`{md_cell(side)}` is preferred: {rate} (unadjusted)."
+        return f"{md_code(side)} is preferred: {rate} (unadjusted)."
     return f"No significant difference: {rate}."
 
 
@@ -83,8 +83,8 @@ def weighted_lines(doc: dict[str, Any]) -> list[str]:
     n_family = len(doc.get("comparisons", []))
     src = w.get("sources") or {}
     lines = [f"**{verdict_sentence(prim)}**",
-             f"- Weighted win rate of a = `{md_cell(prim.get('a'))}` over b = "
-             f"`{md_cell(prim.get('b'))}` ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
+             f"- Weighted win rate of a = {md_code(prim.get('a'))} over b = "
+             f"{md_code(prim.get('b'))} ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
              f"{prim.get('failures')} failed verdicts left out): {num(w.get('preference'))}, "
              f"t 95% interval of the mean {interval(w.get('ci95'))}, {md_cell(w.get('test'))} "
              f"against 0.5: p = {pval(w.get('p_value'))} (unadjusted; Holm over the "
@@ -129,7 +129,7 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
                   "in both orders whose two verdicts named the same answer (low agreement is "
                   "position bias)" if agree is not None else "- (no prompt asked in both orders)")
     lines = [f"**Primary comparison (pre-specified): {md_cell(prim['name'])}** (hard verdicts)",
-             f"- a = `{md_cell(prim.get('a'))}`, b = `{md_cell(prim.get('b'))}`; "
+             f"- a = {md_code(prim.get('a'))}, b = {md_code(prim.get('b'))}; "
              f"n = {prim.get('n')}: "
              f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
              f"{prim.get('failures')} failed verdicts.",

@@ -14,7 +14,8 @@ from typing import Any
 from wim.report.browser import script_json
 
 _IMAGE = re.compile(r"^!\[(?P<alt>.*)\]\((?P<src>[^()\s]+)\)$")
-_BOLD = re.compile(r"\*\*(.+?)\*\*")
+# In text outside code spans: a backslash escape (the character itself), an entity, or **bold**.
+_INLINE = re.compile(r"\\([!-/:-@\[-`{-~])|(&#?\w+;)|\*\*(.+?)\*\*", re.S)
 
 
 def _static(name: str) -> str:
@@ -36,11 +37,23 @@ def inline(text: str) -> str:
     """One line of our markdown as safe HTML: `code`, **bold**, backslash escapes, entities."""
     out = []
     for n, part in enumerate(_split_unescaped(text, "`")):
-        if n % 2:  # inside a code span: literal text
-            out.append(f"<code>{html.escape(part)}</code>")
-            continue
-        plain = re.sub(r"\\(.)", r"\1", part)
-        out.append(_BOLD.sub(r"<strong>\1</strong>", html.escape(html.unescape(plain))))
+        out.append(f"<code>{html.escape(part)}</code>" if n % 2 else _text(part))
+    return "".join(out)
+
+
+def _text(text: str) -> str:
+    """Text outside code spans: an escaped character stays that character (`\\&amp;` shows
+    "&amp;", `\\*\\*` two stars), an unescaped entity is the character it names."""
+    out, pos = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[pos:m.start()]))
+        escaped, entity, bold = m.groups()
+        if bold is not None:
+            out.append(f"<strong>{_text(bold)}</strong>")
+        else:
+            out.append(html.escape(escaped if escaped is not None else html.unescape(entity)))
+        pos = m.end()
+    out.append(html.escape(text[pos:]))
     return "".join(out)
 
 

@@ -32,13 +32,13 @@ def test_a_domain_with_a_slash_keeps_its_statistics_and_is_escaped() -> None:
     assert stats["domain/law%2Ftax | <b>x<%2Fb> 🙂\nnext/tie_rate/numeric"] == 0.0
     markdown = render_markdown(_report(stats), Config(), [])
     [row] = [line for line in markdown.splitlines() if line.startswith("| law/tax")]
-    assert row.startswith(r"| law/tax \| &lt;b&gt;x&lt;/b&gt; 🙂 next | 0.0% |")
+    assert row.startswith(r"| law/tax \| \<b>x\</b> 🙂 next | 0.0% |")
     assert "n/a" not in row
     # Every row of the per-domain table has as many cells as its header.
     table = markdown.split("## Per domain")[1].split("\n\n")[1].splitlines()
     cells = {len(line.replace(r"\|", "").split("|")) for line in table}
     assert len(cells) == 1
-    assert "p\\|&lt;m&gt;" in markdown and "<m>" not in markdown
+    assert "p\\|\\<m>" in markdown and markdown.count("<m>") == markdown.count("\\<m>")
 
 
 BASE = {"policy/model": "p", "judge/model": "j", "judge/role": "fixed", "judge/mode": "wim",
