@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_gen.validity_table import GoldPair, fmt_rate, systems_table_lines, validity_table
+from data_gen.validity_table import GoldPair, systems_table_lines, validity_table
 from wim.config import Config
 from wim.errors import InputError
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.records import read_input_jsonl
 from wim.report.evaluation import pval
 from wim.statistics import MECHANICAL_WARNING, is_bundled
@@ -159,12 +159,12 @@ def validity_markdown(report: dict) -> str:
     lines += markdown_table(
         ["system", "pairs", "accuracy - numeric", "t 95%", "p", "p (Holm)", "only system right",
          "only numeric right"],
-        [[name, v["n"], fmt_rate(v["accuracy_diff"]), fmt_rate(v["diff_95"]), pval(v["diff_p"]),
+        [[name, v["n"], fmt_value(v["accuracy_diff"]), fmt_value(v["diff_95"]), pval(v["diff_p"]),
           pval(v["diff_p_holm"]), v["only_system_right"], v["only_numeric_right"]]
          for name, v in paired])
     lines += ["", "## Per domain (accuracy, ties half; n; paired bootstrap 95%)", ""]
     lines += markdown_table(["system", "domain", "n", "accuracy", "bootstrap 95%"], [
-        [name, d or "(none)", v["n"], fmt_rate(v["accuracy"]),
-         fmt_rate(v["bootstrap_95"]) if v["bootstrap_95"] else (v["bootstrap_note"] or "-")]
+        [name, d or "(none)", v["n"], fmt_value(v["accuracy"]),
+         fmt_value(v["bootstrap_95"]) if v["bootstrap_95"] else (v["bootstrap_note"] or "-")]
         for name, r in report["systems"].items() for d, v in r["by_domain"].items()])
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wim.config import Config
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.metrics import system_values
 from wim.report.evaluation import pval
 from wim.scoring import is_tie
@@ -136,17 +136,10 @@ def systems_table_lines(systems: dict) -> list[str]:
         ["system", "n", "right", "wrong", "ties", "failures", "accuracy (ties half)",
          "bootstrap 95%", "right / decided (ties out)", "Clopper-Pearson 95%", "sign-test p",
          "tie share", "strict accuracy"],
-        [[name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"], fmt_rate(r["accuracy"]),
-          fmt_rate(r["bootstrap_95"]) if r["bootstrap_95"] else (r["bootstrap_note"] or "-"),
-          fmt_rate(r["decisive_rate"]), fmt_rate(r["decisive_95"]), pval(r["p_value"]),
-          fmt_rate(r["tie_share"]), fmt_rate(r["strict_accuracy"])]
+        [[name, r["n"], r["right"], r["wrong"], r["ties"], r["failures"], fmt_value(r["accuracy"]),
+          fmt_value(r["bootstrap_95"]) if r["bootstrap_95"] else (r["bootstrap_note"] or "-"),
+          fmt_value(r["decisive_rate"]), fmt_value(r["decisive_95"]), pval(r["p_value"]),
+          fmt_value(r["tie_share"]), fmt_value(r["strict_accuracy"])]
          for name, r in systems.items()])
 
 
-def fmt_rate(x) -> str:
-    """A rate (or a difference of rates) or its [low, high] interval; `-` for none."""
-    if x is None:
-        return "-"
-    if isinstance(x, list):
-        return "[" + ", ".join(f"{v:.3f}" for v in x) + "]"
-    return f"{x:.3f}"

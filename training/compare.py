@@ -23,7 +23,7 @@ from training.evaluate import (
 from training.run import run_stages_with_training
 from wim.config import Config
 from wim.errors import InputError
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.metrics import pair_statistics
 from wim.records import iter_records, read_keyed, read_records, write_records_atomic
 from wim.report.evaluation import (
@@ -199,14 +199,6 @@ def _attach_wins(report: dict) -> None:
                               lc_win_rate=w.get("lc_win_rate"))
 
 
-def _f(x, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, list):
-        return "[" + ", ".join(_f(v, digits) for v in x) + "]"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
 def compare_markdown(report: dict) -> str:
     lines = ["# WIM vs numeric: side-by-side arms", "", *header_lines(report),
              *weighted_lines(report), *power_lines(report), *primary_lines(report)]
@@ -222,12 +214,13 @@ def compare_markdown(report: dict) -> str:
     rows = []
     for a in report["arms"]:
         v = a["vs_base"]
-        rows.append([a["name"], _f(a["zeta"], 2), _f(a["tie_rate"]), _f(a["delta"]),
-                     a["pairs_kept"], _f(a["usable_pairs_per_1k_judge_tokens"], 2),
-                     f"{_f(a['loss_first'])} -> {_f(a['loss_last'])}",
-                     _f(a["reward_margin_last"]), _f(v.get("weighted")),
-                     _f(v.get("weighted_95")), pval(v.get("weighted_p_holm")), _f(v["win_rate"]),
-                     _f(v["bootstrap_95"]), _f(v["decisive_rate"]), _f(v["decisive_95"]),
+        f = fmt_value
+        rows.append([a["name"], f(a["zeta"], digits=2), f(a["tie_rate"]), f(a["delta"]),
+                     a["pairs_kept"], f(a["usable_pairs_per_1k_judge_tokens"], digits=2),
+                     f"{f(a['loss_first'])} -> {f(a['loss_last'])}",
+                     f(a["reward_margin_last"]), f(v.get("weighted")),
+                     f(v.get("weighted_95")), pval(v.get("weighted_p_holm")), f(v["win_rate"]),
+                     f(v["bootstrap_95"]), f(v["decisive_rate"]), f(v["decisive_95"]),
                      pval(v["p_value"]), pval(v["p_holm"])])
     lines += markdown_table(
         ["arm", "zeta", "tie rate", "delta", "pairs kept", "pairs / 1k judge tokens",

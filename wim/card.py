@@ -13,11 +13,10 @@ import yaml
 
 from wim.config import Config
 from wim.judge_prompts import build_judge_instructions
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.metrics import JudgeStatistics, PairStatistics
 from wim.pairs import group_by_prompt
 from wim.report.build import SMALL_JUDGE_NOTE, SMALL_JUDGES
-from wim.report.sections import fmt_metric
 from wim.rundir import identity
 from wim.statistics import MECHANICAL_WARNING, is_bundled
 
@@ -220,6 +219,6 @@ def _table_lines(cfg: Config, stats: dict[str, Any]) -> list[str]:
             ("mean best-worst delta", "delta_best_worst", False))
     return ["## Tie rate and delta (within-prompt sample pairs, 1-10 scale)", "",
             *markdown_table(["metric", *(label for _, label in systems)], [
-                [label, *(fmt_metric(stats.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
+                [label, *(fmt_value(stats.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
                 for label, key, pct in rows]),
             "", f"mixed: zeta={cfg.scoring.zeta:g}.", ""]

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+MISSING = "-"
+
+
+def fmt_value(value: Any, pct: bool = False, digits: int = 3) -> str:
+    """The one cell formatter of every table and sentence: `MISSING` for None or NaN; a float to
+    `digits` decimals, or as a percent with one (`pct`); a list or tuple as `[low, high]`,
+    each value formatted alike; an int as itself; anything else (a name) through `md_cell`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt_value(v, pct, digits) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else md_cell(value)
 
 
 def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]] = ()) -> list[str]:

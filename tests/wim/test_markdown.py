@@ -53,3 +53,12 @@ def test_a_code_span_shows_its_text_verbatim() -> None:
 
     for text in NASTY + ["`starts with a backtick", "ends with one`"]:
         assert _rendered_text(f"x {md_code(text)} y") == f"x {text} y", text
+
+
+def test_one_formatter_for_every_cell() -> None:
+    from wim.markdown import MISSING, fmt_value
+
+    assert [fmt_value(v) for v in (None, float("nan"), 0.12345, 7, "a|b")] == \
+        [MISSING, MISSING, "0.123", "7", "a\\|b"]
+    assert fmt_value(0.4281, pct=True) == "42.8%" and fmt_value(0.5, digits=2) == "0.50"
+    assert fmt_value([0.1, None]) == f"[0.100, {MISSING}]"

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.records import write_atomic
 from wim.refine.analysis import compare_policies
 from wim.refine.stopping import Outcome, Step, dynamic, hard_cap, vrr_guard, vrr_stop
 from wim.refine.vrr import VRRParams, calibrate_votes, choose_policy, youden_j
-from wim.report.evaluation import num
 from wim.report.plots import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
@@ -153,7 +152,8 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
         ["policy", "attempts", "tokens / question", "saved vs hard cap", "blind quality",
          "scored", "failed", "vs baseline (p, Holm)"],
         [[name, f"{row['attempts_mean']:.2f}", f"{row['tokens_mean']:.0f}",
-          _pct(row["tokens_saved_vs_hard_cap"]), num(row["blind_mean"]), row["blind_scored"],
+          fmt_value(row["tokens_saved_vs_hard_cap"], pct=True), fmt_value(row["blind_mean"]),
+          row["blind_scored"],
           row["blind_failed"],
           "baseline" if name == base else _test_cell(summary["tests"].get(f"{name} vs {base}"))]
          for name, row in summary["policies"].items()])
@@ -176,10 +176,6 @@ def _test_cell(test: dict | None) -> str:
     if test["p"] is None:
         return f"n={test['n']}, no test ({test['note']})"
     return f"diff {test['mean_diff']:+.3f}, p {test['p']:.3f}, Holm {test['p_holm']:.3f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def plot(path: Path, summary: dict[str, Any]) -> None:

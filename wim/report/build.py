@@ -7,14 +7,13 @@ import math
 from typing import Any
 
 from wim.config import Config
-from wim.markdown import markdown_table, md_cell
+from wim.markdown import fmt_value, markdown_table, md_cell
 from wim.metrics import JudgeStatistics, PairStatistics, domain_name
 from wim.records import RecordIndex, iter_keyed
 from wim.report.sections import (
     agreement_lines,
     collect_rounds,
     evaluation_lines,
-    fmt_metric,
     read_agreement,
     read_run_json,
     rounds_lines,
@@ -123,11 +122,11 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         lines += [f"> **Read this first.** {SMALL_JUDGE_NOTE}", ""]
     return lines + source_lines(r) + [
         f"Judged {r.get('judge/count', 0)} samples; {r.get('judge/parse_failed', 0)} failed to "
-        f"parse after retries ({fmt_metric(r.get('judge/parse_fail_rate'), True)}), of which "
+        f"parse after retries ({fmt_value(r.get('judge/parse_fail_rate'), True)}), of which "
         f"{r.get('judge/echoed_rubric', 0)} echoed the rubric instead of a critique "
-        f"({fmt_metric(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
+        f"({fmt_value(r.get('judge/echoed_rubric_rate'), True)} of all judgements); "
         f"{r.get('judge/echoed_rubric_any_attempt', 0)} "
-        f"({fmt_metric(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at "
+        f"({fmt_value(r.get('judge/echoed_rubric_any_attempt_rate'), True)}) echoed it on at "
         "least one attempt and were asked again. "
         + _failure_sentence(r) +
         f"{r.get('judge/backend_failed', 0)} lost to backend failures (judged again on the "
@@ -162,15 +161,15 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
             ("agreement with numeric (non-tied pairs)", "agreement", True)]
     lines += markdown_table(["metric", *(label for _, label in systems)], [
         [label, *("-" if key == "agreement" and s == "numeric"
-                  else fmt_metric(r.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
+                  else fmt_value(r.get(f"pairs/{key}/{s}"), pct) for s, _ in systems)]
         for label, key, pct in rows])
     zetas = [z for z in cfg.scoring.report_zetas if f"zeta/{z:g}/tie_rate" in r]
     if zetas:
         lines += ["", "## zeta sweep", "", *markdown_table(
             ["zeta", "tie rate", "mean abs delta", "agreement"],
-            [[f"{z:g}", fmt_metric(r[f"zeta/{z:g}/tie_rate"], True),
-              fmt_metric(r[f"zeta/{z:g}/delta"]),
-              fmt_metric(r.get(f"zeta/{z:g}/agreement"), True)] for z in zetas])]
+            [[f"{z:g}", fmt_value(r[f"zeta/{z:g}/tie_rate"], True),
+              fmt_value(r[f"zeta/{z:g}/delta"]),
+              fmt_value(r.get(f"zeta/{z:g}/agreement"), True)] for z in zetas])]
     # Keys are domain/<name>/<metric>/<system>, the name percent-encoded (wim.metrics).
     domains = sorted({k.split("/")[1] for k in r if k.startswith("domain/")})
     if domains:
@@ -181,13 +180,13 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     units = {"tokens/": "tokens", "time/": "seconds (wall clock)", "http/": "count"}
     costs = sorted(k for k in r if k.startswith(tuple(units)))
     lines += ["", "## Cost and time", "", *markdown_table(["what", "value", "unit"], [
-        [key, fmt_metric(r[key]), units[key.split("/")[0] + "/"]] for key in costs])]
+        [key, fmt_value(r[key]), units[key.split("/")[0] + "/"]] for key in costs])]
     if "train/steps" in r:
         lines += ["", "## Training (TRL DPO, LoRA)", "",
                   f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
-                  f"{fmt_metric(r.get('train/loss_first'))} -> "
-                  f"{fmt_metric(r.get('train/loss_last'))}; "
-                  f"LoRA weight change (L2) {fmt_metric(r.get('train/lora_delta_norm'))}."]
+                  f"{fmt_value(r.get('train/loss_first'))} -> "
+                  f"{fmt_value(r.get('train/loss_last'))}; "
+                  f"LoRA weight change (L2) {fmt_value(r.get('train/lora_delta_norm'))}."]
     lines += rounds_lines(r.get("rounds"))
     if plots:
         lines += ["", "## Plots"]

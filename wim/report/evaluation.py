@@ -8,25 +8,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from wim.markdown import markdown_table, md_cell, md_code
-
-
-def num(x: Any) -> str:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "-" if x is None else md_cell(x)
-    if isinstance(x, float) and math.isnan(x):
-        return "-"
-    return f"{x:.3f}" if isinstance(x, float) else str(x)
+from wim.markdown import MISSING, fmt_value, markdown_table, md_cell, md_code
 
 
 def pval(x: Any) -> str:
-    return num(x) if not isinstance(x, float) else f"{x:.3g}"
+    """A p-value to 3 significant digits (`fmt_value` for anything else)."""
+    return f"{x:.3g}" if isinstance(x, float) and not math.isnan(x) else fmt_value(x)
 
 
 def interval(x: Any) -> str:
+    """A [low, high] pair of numbers; `MISSING` for anything else."""
     if isinstance(x, (list, tuple)) and len(x) == 2:
-        return f"[{num(float(x[0]))}, {num(float(x[1]))}]"
-    return "-"
+        return fmt_value([float(v) for v in x])
+    return MISSING
 
 
 def header_lines(doc: dict[str, Any]) -> list[str]:
@@ -66,7 +60,7 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     if w.get("preference") is None:
         return "No weighted preference: every verdict failed."
     p = w.get("p_value")
-    rate = (f"weighted win rate {num(w['preference'])} of {md_code(c.get('a'))} over "
+    rate = (f"weighted win rate {fmt_value(w['preference'])} of {md_code(c.get('a'))} over "
             f"{md_code(c.get('b'))}, p = {pval(p)}")
     if p is not None and p < 0.05:
         side = c.get("a") if w["preference"] > 0.5 else c.get("b")
@@ -85,7 +79,7 @@ def weighted_lines(doc: dict[str, Any]) -> list[str]:
     lines = [f"**{verdict_sentence(prim)}**",
              f"- Weighted win rate of a = {md_code(prim.get('a'))} over b = "
              f"{md_code(prim.get('b'))} ({_weighted_kind(doc)}; n = {w.get('n')} prompts, "
-             f"{prim.get('failures')} failed verdicts left out): {num(w.get('preference'))}, "
+             f"{prim.get('failures')} failed verdicts left out): {fmt_value(w.get('preference'))}, "
              f"t 95% interval of the mean {interval(w.get('ci95'))}, {md_cell(w.get('test'))} "
              f"against 0.5: p = {pval(w.get('p_value'))} (unadjusted; Holm over the "
              f"{n_family} comparison(s): {pval(w.get('p_holm'))}). The interval is the test's "
@@ -93,8 +87,8 @@ def weighted_lines(doc: dict[str, Any]) -> list[str]:
              + (f" ({md_cell(w['note'])})" if w.get("note") else ""),
              f"- Length-controlled win rate (AlpacaEval 2.0's GLM, its "
              f"`length_controlled_minimal`, fitted on these preferences, length term set to "
-             f"zero): {num(w.get('lc_win_rate'))} (length coefficient "
-             f"{num(w.get('theta_len'))})"
+             f"zero): {fmt_value(w.get('lc_win_rate'))} (length coefficient "
+             f"{fmt_value(w.get('theta_len'))})"
              + (f" ({md_cell(w['lc_note'])})" if w.get("lc_note") else "") + ".",
              "- Where each prompt's preference came from: " + (", ".join(
                  f"{v} {md_cell(k)}" for k, v in src.items()) or "-")
@@ -125,7 +119,8 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
                  if prim.get("bootstrap_95")
                  else md_cell(prim.get("bootstrap_note") or "no interval"))
     agree = prim.get("order_agreement")
-    agree_text = (f"{num(agree)}, the share of the {prim.get('orders_compared')} prompt(s) asked "
+    agree_text = (f"{fmt_value(agree)}, the share of the {prim.get('orders_compared')} "
+                  "prompt(s) asked "
                   "in both orders whose two verdicts named the same answer (low agreement is "
                   "position bias)" if agree is not None else "- (no prompt asked in both orders)")
     lines = [f"**Primary comparison (pre-specified): {md_cell(prim['name'])}** (hard verdicts)",
@@ -134,18 +129,19 @@ def primary_lines(doc: dict[str, Any]) -> list[str]:
              f"{prim.get('wins')} wins, {prim.get('losses')} losses, ties {_ties(prim)}, "
              f"{prim.get('failures')} failed verdicts.",
              f"- Sign test, ties left out: decisive rate wins / (wins + losses) = "
-             f"{num(prim.get('decisive_rate'))}, exact Clopper-Pearson 95% "
+             f"{fmt_value(prim.get('decisive_rate'))}, exact Clopper-Pearson 95% "
              f"{interval(prim.get('decisive_95'))}, p = {pval(prim.get('p_value'))} "
              f"(unadjusted; Holm over the {n_family} comparison(s) below: "
              f"{pval(prim.get('p_holm'))}). {md_cell(prim.get('decisive_statement') or '')}",
-             f"- Win rate, ties counted as half: {num(prim.get('win_rate'))}, {bootstrap}.",
+             f"- Win rate, ties counted as half: {fmt_value(prim.get('win_rate'))}, {bootstrap}.",
              f"- Order agreement: {agree_text}.",
-             f"- Sensitivity (failed verdicts in, ties half): {num(s.get('failures_as_losses'))} "
-             f"with failures as losses, {num(s.get('failures_as_wins'))} as wins.",
+             "- Sensitivity (failed verdicts in, ties half): "
+             f"{fmt_value(s.get('failures_as_losses'))} "
+             f"with failures as losses, {fmt_value(s.get('failures_as_wins'))} as wins.",
              f"- Length-adjusted win rate (our heuristic on the hard outcomes: an unregularized "
              f"logistic fit with its bootstrap interval; not AlpacaEval's): "
-             f"{num(prim.get('length_adjusted_win_rate'))}, slope "
-             f"{num(prim.get('length_slope'))}, bootstrap 95% "
+             f"{fmt_value(prim.get('length_adjusted_win_rate'))}, slope "
+             f"{fmt_value(prim.get('length_slope'))}, bootstrap 95% "
              f"{interval(prim.get('length_adjusted_95'))}"
              + (f" ({md_cell(prim['length_note'])})" if prim.get("length_note") else "") + "."]
     # One paragraph per line: report.html turns each blank-line block into a paragraph.
@@ -162,8 +158,8 @@ def weighted_table(comparisons: list[dict[str, Any]]) -> list[str]:
         src = w.get("sources") or {}
         rows.append([
             md_cell(c.get("name", "")) + (" (primary)" if c.get("primary") else ""),
-            num(w.get("n")), num(w.get("preference")), interval(w.get("ci95")),
-            pval(w.get("p_value")), pval(w.get("p_holm")), num(w.get("lc_win_rate")),
+            fmt_value(w.get("n")), fmt_value(w.get("preference")), interval(w.get("ci95")),
+            pval(w.get("p_value")), pval(w.get("p_holm")), fmt_value(w.get("lc_win_rate")),
             f"{src.get('guided', 0) + src.get('top_logprobs', 0)} / {src.get('hard', 0)} / "
             f"{src.get('identical', 0)}"])
     return markdown_table(("comparison", "n", "weighted win rate", "t 95% interval", "p",
@@ -182,13 +178,13 @@ def comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
             ("none: all outcomes equal" if "equal" in str(c.get("bootstrap_note")) else "-")
         name = md_cell(c.get("name", "")) + (" (primary)" if c.get("primary") else "")
         rows.append([
-            name, num(c.get("n")),
-            " / ".join(num(c.get(k)) for k in ("wins", "losses", "ties")),
-            num(c.get("failures")), ties, num(c.get("order_agreement")),
-            num(c.get("decisive_rate")), interval(c.get("decisive_95")),
-            pval(c.get("p_value")), pval(c.get("p_holm")), num(c.get("win_rate")), boot,
-            f"{num(s.get('failures_as_losses'))} / {num(s.get('failures_as_wins'))}",
-            f"{num(c.get('length_adjusted_win_rate'))} ({num(c.get('length_slope'))})"])
+            name, fmt_value(c.get("n")),
+            " / ".join(fmt_value(c.get(k)) for k in ("wins", "losses", "ties")),
+            fmt_value(c.get("failures")), ties, fmt_value(c.get("order_agreement")),
+            fmt_value(c.get("decisive_rate")), interval(c.get("decisive_95")),
+            pval(c.get("p_value")), pval(c.get("p_holm")), fmt_value(c.get("win_rate")), boot,
+            f"{fmt_value(s.get('failures_as_losses'))} / {fmt_value(s.get('failures_as_wins'))}",
+            f"{fmt_value(c.get('length_adjusted_win_rate'))} ({fmt_value(c.get('length_slope'))})"])
     return markdown_table(("comparison", "n", "wins / losses / ties", "failures",
                            "ties: real / order disagreement / identical", "order agreement",
                            "decisive rate (ties out)", "Clopper-Pearson 95% (ties out)",

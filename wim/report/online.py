@@ -6,16 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config import Config
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.report.build import write_report_json
 from wim.rundir import RunDir
 
 
 def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
                         steps: list[dict[str, Any]]) -> dict[str, Any]:
-    def cell(v: Any) -> str:
-        return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-
     r = write_report_json(run, report)
     lines = ["# WIM online DPO report", "",
              f"Policy {cfg.policy.model}, judge role {cfg.judge.role}, zeta "
@@ -29,6 +26,6 @@ def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
     keys = ["pairs", "ties", "failed", "fallback", "dropped", "tie_rate/numeric",
             "tie_rate/wim", "delta/numeric", "delta/wim"]
     lines += markdown_table(["step", *keys],
-                            [[s["step"], *(cell(s.get(k)) for k in keys)] for s in steps])
+                            [[s["step"], *(fmt_value(s.get(k)) for k in keys)] for s in steps])
     run.file("report.md").write_text("\n".join(lines) + "\n")
     return r

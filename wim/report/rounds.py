@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from wim.config import Config
-from wim.markdown import markdown_table
+from wim.markdown import fmt_value, markdown_table
 from wim.report.build import read_evaluation, write_report_json
 from wim.report.evaluation import evaluation_body
-from wim.report.sections import fmt_metric
 from wim.rundir import RunDir
 
 # Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
@@ -54,8 +53,7 @@ def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
                   *evaluation_body(evaluation), "## Per round", ""]
     numbers = range(1, len(reports) + 1)
     lines += markdown_table(["metric", *(f"round {i}" for i in numbers)], [
-        [label, *(fmt_metric(clean.get(f"round/{i}/{key}")).replace("|", "\\|")
-                  for i in numbers)]
+        [label, *(fmt_value(clean.get(f"round/{i}/{key}")) for i in numbers)]
         for label, key in ROWS])
     run.file("report.md").write_text("\n".join(lines) + "\n")
     return clean

@@ -5,27 +5,17 @@ source) and the markdown helpers build.py shares. More: docs/design.md, "Module 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
 from wim.config import Config
-from wim.markdown import markdown_table, md_cell
+from wim.markdown import fmt_value, markdown_table, md_cell
 from wim.metrics import PairStatistics
 from wim.records import RecordIndex, RecordsError, iter_records
 from wim.report.evaluation import evaluation_body
 from wim.rundir import RunDir
 
 SYSTEMS = ("numeric", "wim", "mixed")
-
-
-def fmt_metric(value: Any, pct: bool = False) -> str:
-    """A report.json metric: `n/a` when missing or NaN, a float to 3 decimals or as a percent."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if isinstance(value, float):
-        return f"{100 * value:.1f}%" if pct else f"{value:.3f}"
-    return str(value)
 
 
 def tie_delta_table(heads: list[str], systems: list[str],
@@ -35,8 +25,8 @@ def tie_delta_table(heads: list[str], systems: list[str],
     (`<prefix>tie_rate/<system>`, `<prefix>delta/<system>`)."""
     header = [*heads, *(f"tie rate {s}" for s in systems), *(f"delta {s}" for s in systems)]
     return markdown_table(header, [
-        [*cells, *(fmt_metric(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems),
-         *(fmt_metric(record.get(f"{prefix}delta/{s}")) for s in systems)]
+        [*cells, *(fmt_value(record.get(f"{prefix}tie_rate/{s}"), True) for s in systems),
+         *(fmt_value(record.get(f"{prefix}delta/{s}")) for s in systems)]
         for cells, record, prefix in rows])
 
 
@@ -76,7 +66,7 @@ def rounds_lines(value: Any) -> list[str]:
     rounds = _round_list(value)
     if not rounds:
         return []
-    rows = [([str(r["round"]), fmt_metric(r.get("pairs/count"))], r, "pairs/") for r in rounds]
+    rows = [([str(r["round"]), fmt_value(r.get("pairs/count"))], r, "pairs/") for r in rounds]
     return ["", "## Per round", "", *tie_delta_table(["round", "pairs"], list(SYSTEMS), rows)]
 
 
@@ -90,7 +80,7 @@ def evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
     if isinstance(who, dict) and who:
         lines += ["Evaluator: " + "; ".join(f"{md_cell(k)} {md_cell(v)}"
                                             for k, v in who.items())
-                  + f"; held-out prompts: {fmt_metric(evaluation.get('held_out_prompts'))}.", ""]
+                  + f"; held-out prompts: {fmt_value(evaluation.get('held_out_prompts'))}.", ""]
     return lines + evaluation_body(evaluation)
 
 
@@ -126,8 +116,8 @@ def agreement_lines(agreement: dict[str, Any] | None) -> list[str]:
     lines = ["", "## Agreement with the source's own preferences", "",
              f"The source ({md_cell(agreement.get('source'))}) says which response is better "
              f"({md_cell(agreement.get('labels'))}); one labelled pair per prompt "
-             f"({fmt_metric(agreement.get('pairs'))} pairs; "
-             f"{fmt_metric(agreement.get('label_ties'))} prompts whose responses the source rates "
+             f"({fmt_value(agreement.get('pairs'))} pairs; "
+             f"{fmt_value(agreement.get('label_ties'))} prompts whose responses the source rates "
              "alike left out). Accuracy: how often a system scores the source's better "
              "response higher (a tie counts as half; strict: as wrong); failures (a judgement "
              "that did not parse) are counted, not ranked. The same table as `wim validity`.",
@@ -146,7 +136,7 @@ def source_lines(r: dict[str, Any]) -> list[str]:
     sha = str(r.get("generate/source_sha256") or "")
     return [f"Responses not sampled: read from {md_cell(r['generate/source'])} (shape "
             f"{md_cell(r.get('generate/source_shape'))}, sha256 {sha[:16]}...): "
-            f"{fmt_metric(r.get('generate/records'))} responses to "
-            f"{fmt_metric(r.get('generate/source_prompts'))} prompts; "
-            f"{fmt_metric(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
+            f"{fmt_value(r.get('generate/records'))} responses to "
+            f"{fmt_value(r.get('generate/source_prompts'))} prompts; "
+            f"{fmt_value(r.get('generate/source_too_few_responses'))} prompts with fewer than two "
             f"responses skipped. Written by: {listed}.", ""]
