@@ -16,7 +16,8 @@ Not a model: a line is answered with `answer(request) -> text`. As unkind as the
   ours, so ours soon sits beyond the first page.
 `received[custom_id]`: the times a line was sent in a batch; `answered[custom_id]`: the times
 it was answered (billed). `lose_reply`: the calls ("upload", "batch") whose work is done but
-whose reply is lost (a 500), as when the client is killed between the call and its record.
+whose reply is lost (a 500), as when the client is killed between the call and its record;
+"upload#2": the second upload's only.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class BatchAPIServer:
         self.received: Counter = Counter()
         self.answered: Counter = Counter()
         self.uploads = self.created = 0
+        self.calls: Counter = Counter()
         app = web.Application(middlewares=[self._latency])
         app.router.add_post("/v1/files", self.upload)
         app.router.add_get("/v1/files", self.list_files)
@@ -126,8 +128,10 @@ class BatchAPIServer:
         return await handler(request)
 
     def _lost(self, call: str) -> web.Response | None:
-        if call in self.lose_reply:
-            self.lose_reply.discard(call)
+        self.calls[call] += 1
+        nth = f"{call}#{self.calls[call]}"  # "upload#2": the second upload's reply only
+        if call in self.lose_reply or nth in self.lose_reply:
+            self.lose_reply -= {call, nth}
             return web.json_response({"error": {"message": "The server had an error while "
                                                 "processing your request.", "type":
                                                 "server_error", "param": None, "code": None}},

@@ -181,3 +181,30 @@ def test_refused_and_given_up_requests_fail_for_good(flaky_server, tmp_path: Pat
             1, 3)
     finally:
         api.close()
+
+
+def test_a_resend_whose_replies_are_lost_finds_its_own_batch(flaky_server, tmp_path: Path
+                                                             ) -> None:
+    """The resend's upload and batch replies are lost, on an account whose batches list holds
+    ours beyond its first page: each is found again, and the expired batch is never taken for
+    the resend's own."""
+    half = Plan("expired", lambda ids, rng: _split(ids, rng, ("expired", 3)))
+    api = BatchAPIServer(plans=[half], lose_reply=("upload#2", "batch#2"), busy=150)
+    try:
+        out = _generated(flaky_server, tmp_path, 3, api)
+        assert _judge(out, "--batch-submit").returncode == 3
+        assert _judge(out).returncode == 3  # expired: 3 taken in, 3 written for a resend
+        for lost in ("files", "batches"):
+            again = _judge(out, "--batch-submit")
+            assert again.returncode == 2 and f"POST /{lost}" in again.stderr, again.stderr
+        assert _judge(out, "--batch-submit").returncode == 3
+        assert (api.uploads, api.created) == (2, 2)
+        state = json.loads((out / "batch" / "submitted.json").read_text())
+        first, resend = state["batches"]["requests-00000.jsonl"], state["batches"][
+            "resubmit-1-00000.jsonl"]
+        assert resend["batch_id"] != first["batch_id"] and resend["file_id"] != first["file_id"]
+        assert api.batches[resend["batch_id"]]["input_file_id"] == resend["file_id"]
+        assert _judge(out).returncode == 0
+        assert len(_ratings(out)) == 6 and set(api.answered.values()) == {1}
+    finally:
+        api.close()
