@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from batch_api_server import BatchAPIServer
 from conftest import QUICKSTART, http_overrides, run_wim, sets
 from recording_server import chat_completion
 
@@ -144,107 +145,10 @@ def test_request_files_are_sharded_under_the_limits(tmp_path: Path) -> None:
     assert sorted(tmp_path.iterdir()) == files  # the older, longer split is gone
 
 
-class BatchAPIServer:
-    """A stand-in for OpenAI's Files and Batches API: a real aiohttp server in a thread that
-    stores uploads, reports a batch `in_progress` at its first poll and `completed` after, and
-    answers each line with a fixed verdict (not a model). `lose_reply`: the calls ("upload",
-    "batch") whose work is done but whose reply is lost (a 500), as when the client is killed
-    between the call and its record."""
-
-    def __init__(self, lose_reply=()) -> None:
-        import asyncio
-        import threading
-
-        from aiohttp import web
-
-        self.files: dict[str, tuple[str, bytes]] = {}
-        self.batches: dict[str, dict] = {}
-        self.uploads = self.created = 0
-        self.lose_reply = set(lose_reply)
-        app = web.Application()
-        app.router.add_post("/v1/files", self.upload)
-        app.router.add_get("/v1/files", self.list_files)
-        app.router.add_get("/v1/files/{id}/content", self.content)
-        app.router.add_post("/v1/batches", self.create)
-        app.router.add_get("/v1/batches", self.list_batches)
-        app.router.add_get("/v1/batches/{id}", self.status)
-        self.loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/v1"
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-
-    def _lost(self, call: str):
-        from aiohttp import web
-
-        if call in self.lose_reply:
-            self.lose_reply.discard(call)
-            return web.json_response({"error": "the reply was lost"}, status=500)
-        return None
-
-    async def upload(self, request):
-        from aiohttp import web
-
-        form = await request.post()
-        assert form["purpose"] == "batch"
-        self.uploads += 1
-        fid = f"file-{len(self.files)}"
-        self.files[fid] = (form["file"].filename, form["file"].file.read())
-        return self._lost("upload") or web.json_response({"id": fid, "object": "file"})
-
-    async def list_files(self, request):
-        from aiohttp import web
-
-        return web.json_response({"data": [{"id": f, "filename": name}
-                                           for f, (name, _) in self.files.items()]})
-
-    async def content(self, request):
-        from aiohttp import web
-
-        return web.Response(body=self.files[request.match_info["id"]][1])
-
-    async def create(self, request):
-        from aiohttp import web
-
-        body = await request.json()
-        assert body["completion_window"] == "24h" and body["endpoint"] == "/v1/chat/completions"
-        self.created += 1
-        bid = f"batch-{len(self.batches)}"
-        lines = [json.loads(x) for x in self.files[body["input_file_id"]][1].splitlines()]
-        out = "".join(json.dumps(_answer(x, "Missing: nothing\nRating: 6")) + "\n"
-                      for x in lines).encode()
-        self.files[f"out-{bid}"] = ("output.jsonl", out)
-        self.batches[bid] = {"id": bid, "input_file_id": body["input_file_id"],
-                             "status": "validating", "output_file_id": f"out-{bid}"}
-        return self._lost("batch") or web.json_response(self.batches[bid])
-
-    async def list_batches(self, request):
-        from aiohttp import web
-
-        return web.json_response({"data": list(self.batches.values())})
-
-    async def status(self, request):
-        from aiohttp import web
-
-        batch = self.batches[request.match_info["id"]]
-        reply = dict(batch)
-        if batch["status"] == "validating":  # first poll: still running, then done
-            batch["status"] = "in_progress"
-            reply.pop("output_file_id")
-        else:
-            batch["status"] = reply["status"] = "completed"
-        return web.json_response(reply)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 def test_submit_survives_lost_replies_and_submits_nothing_twice(flaky_server, tmp_path: Path
                                                                 ) -> None:
-    api = BatchAPIServer(lose_reply=("upload", "batch"))
+    # A busy account: ours is not on the first page of the batches list when it is looked for.
+    api = BatchAPIServer(lose_reply=("upload", "batch"), busy=150)
     out = _generated(flaky_server, tmp_path, f"judge.http.base_urls=[{api.url}]")
     try:
         submit = ["--batch-submit"]
@@ -258,7 +162,8 @@ def test_submit_survives_lost_replies_and_submits_nothing_twice(flaky_server, tm
         assert (api.uploads, api.created) == (1, 1)
         state = json.loads((out / "batch" / "submitted.json").read_text())
         (entry,) = state["batches"].values()
-        assert entry["file_id"] == "file-0" and entry["batch_id"] == "batch-0"
+        assert entry["file_id"] == api.batches[entry["batch_id"]]["input_file_id"]
+        assert entry["batch_id"] in api.ours
         # A plain `wim judge DIR` polls, downloads and ingests every judgement.
         _judge(out)
         judged = read_keyed(out / "judgements.jsonl")

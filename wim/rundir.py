@@ -29,7 +29,8 @@ from wim.sources import source_sha256
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
 # Judge keys outside the run identity: on_parse_failure (`wim score` may switch it; the score
 # stage's fingerprint holds it) and how the requests are sent (live or in batch files).
-JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry")
+JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry",
+                      "batch_resubmits")
 # The http keys that change which model writes a record (or what it refuses as too long); the
 # others (concurrency, timeout_s, ...) change only how requests are sent, so may differ per run.
 HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")

@@ -26,6 +26,8 @@ def _set_up_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for name in ("wim", "data_gen", "training", "aiohttp"):  # ours and the HTTP library
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.NOTSET)
+    for name in ("httpx", "httpx2"):  # the openai SDK's transport: a line per call at INFO
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

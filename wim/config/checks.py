@@ -21,8 +21,8 @@ _POSITIVE = ("generation.max_new_tokens", "generation.batch_size", "judge.max_ne
 _POSITIVE_OR_NULL = ("generation.max_prompt_tokens", "judge.max_input_tokens",
                      "http.context_tokens", "http.requests_per_minute", "http.tokens_per_minute",
                      "prompts.limit", "blind.batch_size", "eval.limit", "eval.max_new_tokens")
-_NOT_NEGATIVE = ("generation.temperature", "judge.max_retries", "prompts.holdout",
-                 "blind.max_retries", "eval.temperature", "pairs.tie_tolerance",
+_NOT_NEGATIVE = ("generation.temperature", "judge.max_retries", "judge.batch_resubmits",
+                 "prompts.holdout", "blind.max_retries", "eval.temperature", "pairs.tie_tolerance",
                  "refine.max_retries", "refine.dynamic.min_progress",
                  "refine.dynamic.stability_eps")
 _AT_LEAST_ONE = ("refine.max_attempts", "refine.ensemble_n", "refine.dynamic.reject_streak",

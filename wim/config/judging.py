@@ -57,6 +57,12 @@ class JudgeConfig:
     batch_retry: Literal["live", "batch"] = "live"
     """Batch judging: a judgement that fails to parse is asked again `live` (at judge.http), or
     written to DIR/batch/retry-requests-*.jsonl for another batch (`batch`)."""
+    batch_resubmits: int = 3
+    """`--batch-submit`: times a request the Batch API left without an answer (its batch
+    expired, was cancelled or failed; its line a 5xx, 429 or timeout) is sent again, each time
+    in the next `--batch-submit`. 3: a request that fails 4 batches in a row is more likely
+    broken than unlucky (at a 10% failure rate, 1 in 10,000 is), and each round may wait out
+    the API's 24 h window."""
     http: EndpointConfig = field(default_factory=EndpointConfig)
     """The external http judge's own endpoint (`judge.backend: http`), each null field from
     `http:` (fixed and changing judges are the policy and answer where it does)."""
