@@ -5,6 +5,7 @@ live judge's own code (docs/design.md, "Judging", "Batch files").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from wim.backends.http_client import Failure
 from wim.config import Config, ConfigError
 from wim.errors import StageIncomplete, WimError
 from wim.parsing import parse_judgement
+from wim.pricing import role_price
 from wim.records import write_records_atomic
 from wim.rundir import RunDir
 
@@ -112,6 +114,8 @@ class BatchClient:
             return Failure(f"batch line {cid} failed: {json.dumps(what)[:300]}")
         outcome = parse(200, json.dumps(response.get("body")).encode(), f"batch line {cid}")
         self.failed += isinstance(outcome, Failure)  # a body that is not a chat completion
+        if isinstance(outcome, list):  # its tokens are billed with the batch discount
+            outcome = [dataclasses.replace(c, batch=True) for c in outcome]
         return outcome
 
 
@@ -182,7 +186,7 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
         files = write_request_files(folder, client.written)
         raise BatchWritten(len(client.written), files, run)
     retry_files = write_request_files(folder, client.written, prefix="retry-requests")
-    stats = token_stats(run.judgements, "judge", "judge")
+    stats = token_stats(run.judgements, "judge", "judge", role_price(cfg, "judge"))
     stats.update({"judge/backend_failed": lost, "judge/batch_missing": client.missing,
                   "judge/batch_failed": client.failed,
                   "judge/batch_retry_requests": len(client.written)})
