@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -14,10 +15,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from wim.backends.http_limits import estimated_tokens
 from wim.config import Config, judge_http
 from wim.errors import StageIncomplete, WimError
+from wim.pricing import batch_cost_note
 from wim.records import write_atomic
 from wim.rundir import RunDir
+
+logger = logging.getLogger(__name__)
 
 
 class BatchesRunning(StageIncomplete):
@@ -87,10 +92,27 @@ def submitted_path(run: RunDir) -> Path:
     return run.path / "batch" / "submitted.json"
 
 
+def about_to_send(cfg: Config, files: list[Path]) -> str:
+    """What `files` ask: requests, estimated tokens (prompt characters / 4, as OpenAI's limiter
+    counts; output: each request's max_tokens x n) and, where judge.http.price is set, the
+    cost at the batch discount (wim/pricing.py)."""
+    bodies = [json.loads(line)["body"] for f in files
+              for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompt = sum(estimated_tokens({"messages": b.get("messages")}) for b in bodies)
+    output = sum(int(b.get("max_completion_tokens") or b.get("max_tokens") or 0)
+                 * int(b.get("n") or 1) for b in bodies)
+    return (f"about to send {len(bodies)} judge request(s) in {len(files)} file(s) to the Batch "
+            f"API: about {prompt} prompt tokens, at most {output} output tokens"
+            + batch_cost_note(cfg, prompt, output))
+
+
 def submit(cfg: Config, run: RunDir, files: list[Path]) -> None:
     """Upload each request file and start its batch, once (module docstring)."""
     api, path = BatchAPI(cfg), submitted_path(run)
     state = json.loads(path.read_text()) if path.exists() else {"batches": {}}
+    unsent = [f for f in files if not state["batches"].get(f.name, {}).get("batch_id")]
+    if unsent:
+        logger.info(about_to_send(cfg, unsent))
     for file in files:
         data = file.read_bytes()
         entry = state["batches"].setdefault(file.name, {})
