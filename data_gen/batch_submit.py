@@ -38,6 +38,7 @@ import openai
 from wim.backends.http_limits import CHARS_PER_TOKEN, estimated_tokens
 from wim.config import Config, judge_http
 from wim.errors import StageIncomplete, WimError
+from wim.pricing import batch_cost_note
 from wim.records import one_line, write_atomic
 from wim.rundir import RunDir
 
@@ -102,11 +103,13 @@ class Sending:
         most = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         self.most_completion_tokens += int(most) * int(body.get("n") or 1)
 
-    def describe(self) -> str:
-        # The place for what these tokens cost, where prices are set.
+    def describe(self, cfg: Config) -> str:
+        """The line `--batch-submit` logs; with judge.http.price set, the cost at the batch
+        discount (wim/pricing.py)."""
         return (f"{self.requests} judge request(s) in {self.files} file(s): about "
                 f"{self.prompt_tokens:,} prompt tokens ({CHARS_PER_TOKEN} characters a token), "
-                f"at most {self.most_completion_tokens:,} completion tokens")
+                f"at most {self.most_completion_tokens:,} completion tokens"
+                + batch_cost_note(cfg, self.prompt_tokens, self.most_completion_tokens))
 
 
 def sending(files: list[Path]) -> Sending:
@@ -243,7 +246,7 @@ def submit(cfg: Config, run: RunDir, files: list[Path]) -> None:
         state["batches"].setdefault(file.name, {"round": number})
     _save(path, state)
     api = BatchAPI(cfg)
-    logger.info("sending to the Batch API at %s: %s", api.base, sending(todo).describe())
+    logger.info("sending to the Batch API at %s: %s", api.base, sending(todo).describe(cfg))
     for file in todo:
         _submit_file(api, path, state, file)
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import reduce
-from operator import getitem
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,8 @@ STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
               ("train/adapter/adapter_model.safetensors",)),
     "eval": (("eval", "blind", "prompts.holdout", "generation"),
              ("train/adapter/adapter_model.safetensors", "split.json"), ("eval.json",)),
-    "report": (("scoring", "pairs", "wandb", "report"),
+    # The report prices the tokens (wim/pricing.py); no other stage reads a price.
+    "report": (("scoring", "pairs", "wandb", "report", "http.price", "judge.http.price"),
                ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json", "agreement.json",
                 "train/log_history.json", *_STATS),
                ("report.json", "report.md", "report.html")),
@@ -56,17 +55,24 @@ def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
                       prompts_sha: str | None) -> str:
     """sha256 of everything `stage` reads: config, shard, prompts, input files."""
     sections, inputs, _ = STAGE_FILES[stage]
-    data = cfg.to_dict()
+    data = cfg.to_dict()  # prices only where set: scoring.http and blind.http take none
     what = {
         "stage": stage,
         "identity": identity(cfg),
         # A section (`scoring`) or one key of one (`judge.on_parse_failure`).
-        "sections": {name: reduce(getitem, name.split("."), data) for name in sections},
+        "sections": {name: _lookup(data, name) for name in sections},
         "shard": shard,
         "prompts": prompts_sha if stage in ("generate", "judge") else None,
         "inputs": {name: file_sha256(run.file(name)) for name in _inputs(run, stage, inputs)},
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _lookup(data: dict, dotted: str) -> Any:
+    """`data`'s value at a dotted key; None where there is none (a price left unset)."""
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 def _inputs(run: RunDir, stage: str, inputs: tuple[str, ...]) -> list[str]:

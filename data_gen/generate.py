@@ -13,6 +13,7 @@ from wim.backends import Backend, SamplingParams
 from wim.config import Config
 from wim.context import fit_messages, token_budget
 from wim.holdout import write_split
+from wim.pricing import role_price, usage_fields
 from wim.prompts import Prompt
 from wim.records import JsonlAppender, read_keys
 from wim.rundir import RunDir
@@ -77,7 +78,7 @@ def generate_samples(cfg: Config, run: RunDir, prompts: list[Prompt], backend: B
             bar.update(missing)
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    stats = stages.token_stats(run.samples, "generate", "policy")
+    stats = stages.token_stats(run.samples, "generate", "policy", role_price(cfg, "policy"))
     stats.update({
         "generate/backend_failed": failed,
         "generate/truncated": sum(truncated for _, truncated in fits.values()),
@@ -107,7 +108,7 @@ def _sample_record(cfg: Config, prompt: Prompt, j: int, c, truncated: bool) -> d
         "prompt_id": prompt.id, "sample_idx": j, "domain": prompt.domain,
         "messages": list(prompt.messages), "prompt": prompt.text, "response": c.text,
         "policy": cfg.policy.model, "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
+        "completion_tokens": c.completion_tokens, **usage_fields(c.usage),
     }
     if truncated:  # the policy saw the prompt cut from the middle (messages stay whole)
         record["prompt_truncated"] = True

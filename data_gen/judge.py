@@ -12,6 +12,7 @@ from data_gen.flow import batch_window, ordered_map
 from wim.backends import TransformersBackend, open_backend, open_http_backend
 from wim.config import Config, judge_http
 from wim.judges import BackendJudge, Judge, configured_judge
+from wim.pricing import TOKEN_FIELDS, role_price, usage_fields
 from wim.prompts import Prompt, PromptRef
 from wim.records import JsonlAppender, KeySet, RecordIndex, iter_keyed, record_key
 from wim.rundir import RunDir
@@ -59,7 +60,7 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     start = time.perf_counter()
     window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
     lost, overlong = judge_batches(cfg, run, prompts, judge, shard, progress, window)
-    stats = stages.token_stats(run.judgements, "judge", "judge")
+    stats = stages.token_stats(run.judgements, "judge", "judge", role_price(cfg, "judge"))
     stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
                   "judge/skipped_overlong": overlong["skipped"],
                   "time/judge": time.perf_counter() - start})
@@ -135,12 +136,13 @@ def _judged_keys(run: RunDir) -> tuple[KeySet, int]:
 
 
 def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
-    record = {k: v for k, v in sample.items() if k not in ("prompt_tokens", "completion_tokens")}
+    record = {k: v for k, v in sample.items() if k not in TOKEN_FIELDS}  # the policy's
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
         rating=res.rating, raw_judge_text=res.raw, parse_ok=res.parse_ok,
         parse_error=res.error, attempts=res.attempts, echoed_attempts=res.echoed_attempts,
         prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
+        **usage_fields(res.usage),
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
         record["judge_prompt_truncated"] = True

@@ -7,6 +7,7 @@ are written as the next round (`next_round`): the same bodies, never one already
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -19,6 +20,7 @@ from wim.backends.http_client import Failure
 from wim.config import Config, ConfigError
 from wim.errors import StageIncomplete, WimError
 from wim.parsing import parse_judgement
+from wim.pricing import role_price
 from wim.records import write_atomic, write_records_atomic
 from wim.rundir import RunDir
 
@@ -131,6 +133,8 @@ class BatchClient:
         if isinstance(outcome, Failure):  # answered (and billed), but not a chat completion
             self.failed += 1
             self.refused.append({"custom_id": cid, "error": outcome.reason[:300]})
+        else:  # its tokens are billed with the batch discount
+            outcome = [dataclasses.replace(c, batch=True) for c in outcome]
         return outcome
 
 
@@ -215,7 +219,7 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
     if client.answers is None and client.written:
         files = write_request_files(folder, client.written)
         raise BatchWritten(len(client.written), files, run)
-    stats = token_stats(run.judgements, "judge", "judge")
+    stats = token_stats(run.judgements, "judge", "judge", role_price(cfg, "judge"))
     stats.update({"judge/backend_failed": lost, "judge/batch_missing": client.missing,
                   "judge/batch_failed": client.failed,
                   "judge/batch_retry_requests": len(client.written)})

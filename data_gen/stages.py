@@ -12,7 +12,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from wim.config import PriceConfig
 from wim.errors import InputError
+from wim.pricing import TokenCounts
 from wim.prompts import Prompt, PromptRef
 from wim.records import iter_keyed
 
@@ -56,19 +58,20 @@ def progress_bar(total: int | None, desc: str, progress: bool, unit: str = "samp
     return tqdm(total=total, desc=desc, unit=unit, disable=not progress, dynamic_ncols=True)
 
 
-def token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:
-    """Records, tokens, empty responses and failed parses of a stage file, in one pass."""
-    records, prompt_tokens, completion_tokens, empty, failed = 0, 0, 0, 0, 0
+def token_stats(path: Path, stage: str, role: str, price: PriceConfig | None = None
+                ) -> dict[str, Any]:
+    """Records, tokens by kind (and their cost at `price`: wim/pricing.py), empty responses and
+    failed parses of a stage file, in one pass."""
+    records, empty, failed = 0, 0, 0
+    tokens = TokenCounts(role)
     for _, r in iter_keyed(path):
         records += 1
-        prompt_tokens += r.get("prompt_tokens", 0)
-        completion_tokens += r.get("completion_tokens", 0)
+        tokens.add(r)
         empty += not str(r.get("response") or "").strip()
         failed += not r.get("parse_ok", True)
     return {
         f"{stage}/records": records,
-        f"tokens/{role}/in": prompt_tokens,
-        f"tokens/{role}/out": completion_tokens,
+        **tokens.result(price),
         **({"generate/empty": empty} if stage == "generate" else {f"{stage}/parse_failed": failed}),
     }
 

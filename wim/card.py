@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from wim.config import Config
+from wim.config.endpoints import drop_prices
 from wim.judge_prompts import build_judge_instructions
 from wim.markdown import fmt_value, markdown_table
 from wim.metrics import JudgeStatistics, PairStatistics
@@ -32,7 +33,7 @@ def size_category(n: int) -> str:
 
 def card_config(cfg: Config) -> dict[str, Any]:
     """The config sections that decide the pairs: the run identity, judge, scoring, pairs."""
-    data = cfg.to_dict()
+    data = drop_prices(cfg.to_dict())  # what the pairs are made of, not what they cost
     return {**identity(cfg), "judge": data["judge"], "scoring": data["scoring"],
             "pairs": data["pairs"]}
 

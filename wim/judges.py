@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import KW_ONLY, dataclass
 
 from wim.backends import Backend, Completion, SamplingParams
+from wim.backends.base import Usage
 from wim.context import fit_text, token_budget
 from wim.judge_prompts import (
     MISSING_PREFILL,
@@ -43,6 +44,8 @@ class Judgement:
     backend_failed: bool = False
     """The backend failed (timeout, 5xx, connection, ...): no verdict at all. Not a result to
     record; the stage leaves it out so that running the same command again retries it."""
+    usage: Usage = Usage()
+    """The tokens of every attempt by kind, as the backend counted them (wim/pricing.py)."""
 
 
 class Judge(ABC):
@@ -98,15 +101,15 @@ class BackendJudge(Judge):
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
         results: list[Judgement | None] = [None] * len(items)
         todo = list(range(len(items)))
-        spent = [(0, 0)] * len(items)
+        spent = [Usage()] * len(items)
         echoed = [0] * len(items)
         for attempt in range(self.max_retries + 1):
             # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
             temperature = 0.0 if attempt == 0 else self.retry_temperature
             raws = self._ask([items[i] for i in todo], temperature, seed + 7919 * attempt)
             still_failing = []
-            for i, (raw, error, p_tok, c_tok) in zip(todo, raws, strict=True):
-                spent[i] = (spent[i][0] + p_tok, spent[i][1] + c_tok)
+            for i, (raw, error, used) in zip(todo, raws, strict=True):
+                spent[i] = spent[i] + used
                 parsed = (parse_judgement(raw, self.mode, self.instructions)
                           if error is None else None)
                 ok = parsed is not None and parsed.ok
@@ -119,9 +122,10 @@ class BackendJudge(Judge):
                     error=None if ok else (error or parsed.error),
                     attempts=attempt + 1,
                     echoed_attempts=echoed[i],
-                    prompt_tokens=spent[i][0],
-                    completion_tokens=spent[i][1],
+                    prompt_tokens=spent[i].prompt,
+                    completion_tokens=spent[i].completion,
                     backend_failed=error is not None,
+                    usage=spent[i],
                 )
                 if parsed is not None and not ok:  # only a parse failure is asked again
                     still_failing.append(i)
@@ -152,8 +156,8 @@ class BackendJudge(Judge):
         return build_judge_messages(prompt, response, criteria=self.criteria, mode=self.mode,
                                     instructions_in=self.instructions_in, prompt_style=self.prompt)
 
-    def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, int, int]]:
-        """(raw text, backend error or None, prompt tokens, completion tokens) per item."""
+    def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, Usage]]:
+        """(raw text, backend error or None, tokens) per item."""
         convs = [self._messages(p, r) for p, r in items]
         if not self.backend.supports_prefill:  # a server: JSON, where it takes a schema
             guided = (self.guided_json and self.prompt == "ours"
@@ -175,11 +179,10 @@ class BackendJudge(Judge):
         else:
             steps = ask_in_two_steps(self.backend, convs, MISSING_PREFILL, RATING_PREFILL,
                                      self.max_new_tokens, temperature, seed)
-            return [(text, crit.failure or rate.failure, crit.prompt_tokens + rate.prompt_tokens,
-                     crit.completion_tokens + rate.completion_tokens)
+            return [(text, crit.failure or rate.failure, crit.usage + rate.usage)
                     for text, crit, rate in steps]
         outs = generate_one(self.backend, convs, params, seed, head or None)
-        return [(head + o.text, o.failure, o.prompt_tokens, o.completion_tokens) for o in outs]
+        return [(head + o.text, o.failure, o.usage) for o in outs]
 
     def _ask_authors(self, convs, temperature: float, seed: int):
         """Explanation up to "[[", the rating up to "]]", then the critique up to "]]]"."""
@@ -188,7 +191,7 @@ class BackendJudge(Judge):
                  (SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("]]]",)), "]]]")]
         heads = [""] * len(convs)
         errors: list[str | None] = [None] * len(convs)
-        tokens = [(0, 0)] * len(convs)
+        tokens = [Usage()] * len(convs)
         for params, tail in steps:
             prefill = [h or None for h in heads] if any(heads) else None
             outs = generate_one(self.backend, convs, params, seed, prefill)
@@ -196,8 +199,8 @@ class BackendJudge(Judge):
                 text = o.text.split("]")[0] if tail.startswith("]") else o.text.rstrip()
                 heads[i] = heads[i] + text + tail
                 errors[i] = errors[i] or o.failure
-                tokens[i] = (tokens[i][0] + o.prompt_tokens, tokens[i][1] + o.completion_tokens)
-        return [(h, e, p, c) for h, e, (p, c) in zip(heads, errors, tokens, strict=True)]
+                tokens[i] = tokens[i] + o.usage
+        return list(zip(heads, errors, tokens, strict=True))
 
 
 def generate_one(backend: Backend, convs, params: SamplingParams, seed: int,

@@ -11,6 +11,23 @@ Conversation = list[dict[str, str]]  # chat messages: [{"role": ..., "content": 
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens of one call or of several summed (a judgement's attempts), by kind."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+    reasoning: int = 0
+    batch: bool = False
+    """Some call was answered from a Batch API result line."""
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt + other.prompt, self.completion + other.completion,
+                     self.cached + other.cached, self.reasoning + other.reasoning,
+                     self.batch or other.batch)
+
+
+@dataclass(frozen=True)
 class Completion:
     text: str
     prompt_tokens: int = 0
@@ -20,6 +37,17 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] = ()
     """Per generated token, {token text: logprob} of the most likely tokens there (with
     `SamplingParams.top_logprobs`; else empty, as when a server gives none)."""
+    cached_tokens: int = 0
+    """Of `prompt_tokens`, those a server read from its prompt cache (as its `usage` says)."""
+    reasoning_tokens: int = 0
+    """Of `completion_tokens`, those a server says went to reasoning; local models: 0."""
+    batch: bool = False
+    """Answered from a Batch API result line (billed with the batch discount)."""
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens,
+                     self.reasoning_tokens, self.batch)
 
     @property
     def failure(self) -> str | None:

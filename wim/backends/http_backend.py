@@ -9,7 +9,7 @@ import json
 import logging
 import re
 
-from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
+from wim.backends.base import Backend, Completion, Conversation, SamplingParams, Usage, sample_seed
 from wim.backends.http_client import Failure, HTTPClient, http_failure, malformed
 
 logger = logging.getLogger(__name__)
@@ -167,16 +167,34 @@ class HTTPBackend(Backend):
         self._client.close()
 
 
+def read_usage(usage: dict | None) -> Usage:
+    """A reply's `usage`: prompt and completion tokens, and the parts of them that OpenAI's
+    shape details, `prompt_tokens_details.cached_tokens` and
+    `completion_tokens_details.reasoning_tokens` (vLLM sends null details when it counts none).
+    A count the server did not send is 0, never estimated."""
+    usage = usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                 int(cached or 0), int(reasoning or 0))
+
+
+def _shares(total: int, weights: list[int]) -> list[int]:
+    """`total` shared out by `weights`, the rounding remainder to the first, so the sum is exact."""
+    shares = [total * w // sum(weights) for w in weights]
+    shares[0] += total - sum(shares)
+    return shares
+
+
 def _parse(body: bytes, url: str) -> list[Completion] | Failure:
     """The choices of a chat-completion body, or a retryable failure if it is malformed. The
-    prompt is read once, so its tokens go to the first choice; the completion tokens (one total
-    in `usage`) are shared out by the choices' text lengths."""
+    prompt is read once, so its tokens (and the cached ones) go to the first choice; the
+    completion and reasoning tokens (one total each in `usage`) are shared out by the choices'
+    text lengths."""
     try:
         data = json.loads(body)
         texts = [choice["message"]["content"] for choice in data["choices"]]
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
+        usage = read_usage(data.get("usage"))
         if not texts:
             raise IndexError("no choices")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -184,12 +202,13 @@ def _parse(body: bytes, url: str) -> list[Completion] | Failure:
     if not all(isinstance(t, str) for t in texts):
         return Failure(f"malformed response from {url}: message content is not text", retry=True)
     weights = [len(t) + 1 for t in texts]
-    shares = [completion_tokens * w // sum(weights) for w in weights]
-    shares[0] += completion_tokens - sum(shares)  # the rounding remainder, so the sum is exact
+    shares = _shares(usage.completion, weights)
+    thinking = _shares(usage.reasoning, weights)
     tops = [_top_logprobs(choice) for choice in data["choices"]]
-    return [Completion(t, prompt_tokens=prompt_tokens if i == 0 else 0, completion_tokens=c,
-                       top_logprobs=top)
-            for i, (t, c, top) in enumerate(zip(texts, shares, tops, strict=True))]
+    return [Completion(t, prompt_tokens=usage.prompt if i == 0 else 0, completion_tokens=c,
+                       top_logprobs=top, cached_tokens=usage.cached if i == 0 else 0,
+                       reasoning_tokens=r)
+            for i, (t, c, r, top) in enumerate(zip(texts, shares, thinking, tops, strict=True))]
 
 
 def _top_logprobs(choice: dict) -> tuple[dict[str, float], ...]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from wim.config.checks import validate
 from wim.config.dpo import DPOSection, LoraConfig, TrainingConfig, WandbConfig
-from wim.config.endpoints import EndpointConfig, HTTPConfig, endpoint
+from wim.config.endpoints import EndpointConfig, HTTPConfig, PriceConfig, drop_prices, endpoint
 from wim.config.evaluation import BlindConfig, EvalConfig
 from wim.config.judging import ExportConfig, JudgeConfig, PairsConfig, ScoringConfig
 from wim.config.output import CardConfig, ReportConfig
@@ -24,10 +24,10 @@ from wim.errors import ConfigError
 
 __all__ = ["BlindConfig", "CardConfig", "Config", "ConfigError", "DPOSection", "EvalConfig",
            "ExportConfig", "GenerationConfig", "HTTPConfig", "JudgeConfig", "EndpointConfig",
-           "LoraConfig", "PairsConfig", "PolicyConfig", "PromptsConfig", "RefineConfig",
-           "ReportConfig", "ScoringConfig", "TrainingConfig", "WandbConfig", "apply_overrides",
-           "blind_http", "config_from_dict", "endpoint", "judge_http", "load_config", "read_yaml",
-           "scoring_http"]
+           "LoraConfig", "PairsConfig", "PolicyConfig", "PriceConfig", "PromptsConfig",
+           "RefineConfig", "ReportConfig", "ScoringConfig", "TrainingConfig", "WandbConfig",
+           "apply_overrides", "blind_http", "config_from_dict", "endpoint", "judge_http",
+           "load_config", "read_yaml", "scoring_http"]
 
 
 @dataclass
@@ -72,7 +72,9 @@ class Config:
     """`wim refine`: the controlled refinement loop and its stopping policies."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as plain data; an endpoint without prices has no `price` key, so that
+        a config written before prices existed keeps its sha256 and fingerprints."""
+        return drop_prices(dataclasses.asdict(self), unset_only=True)
 
     def sha256(self) -> str:
         """sha256 of the sorted-key config."""

@@ -9,6 +9,7 @@ import re
 from functools import reduce
 from typing import Any
 
+from wim.config.endpoints import ENDPOINT_SECTIONS
 from wim.config.refine import CRITERIA, FLAGS
 from wim.config.sampling import SOURCE_COLUMN_KEYS
 from wim.errors import ConfigError
@@ -73,6 +74,7 @@ def validate(cfg, source: str = "config") -> None:
             fail(f"{name}.http.base_urls", f"list at least one URL when {name}.backend is "
                  "'http' (or set http.base_urls)", section.http.base_urls)
     _validate_combinations(cfg, fail)
+    _validate_prices(cfg, fail)
     _validate_source(cfg, fail)
     _validate_refine(cfg.refine, fail)
     _validate_output(cfg, fail)
@@ -120,6 +122,29 @@ def _validate_combinations(cfg, fail) -> None:
                     "requests_per_minute", "tokens_per_minute"):
             if getattr(section, key) not in (None, "auto") and getattr(section, key) <= 0:
                 fail(f"{name}.http.{key}", "be positive or null", getattr(section, key))
+
+
+def _validate_prices(cfg, fail) -> None:
+    """Each endpoint's `price` (endpoints.py PriceConfig): input and output given, none below
+    0, and a batch discount that leaves something to pay."""
+    for name in ENDPOINT_SECTIONS:
+        price = _get(cfg, name).price
+        if price is None:
+            continue
+        if name in ("scoring.http", "blind.http"):  # wim/pricing.py prices policy and judge
+            fail(f"{name}.price", "be null: the tokens of this server (embeddings, the blind "
+                 "evaluator) are not counted, so wim shows no cost for them", vars(price))
+        for key in ("input", "output"):
+            if getattr(price, key) is None:
+                fail(f"{name}.price.{key}", "be given: the price per million "
+                     f"{key} tokens (e.g. {{input: 1.25, output: 10.0}})", None)
+        for key in ("input", "output", "cached_input"):
+            if getattr(price, key) is not None and getattr(price, key) < 0:
+                fail(f"{name}.price.{key}", "be >= 0 (a price per million tokens)",
+                     getattr(price, key))
+        if not 0.0 <= price.batch_discount < 1.0:
+            fail(f"{name}.price.batch_discount", "lie in [0, 1) (the share taken off a Batch "
+                 "API request's price: 0.5 = half price)", price.batch_discount)
 
 
 def _validate_source(cfg, fail) -> None:

@@ -5,7 +5,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+# Where an endpoint section sits in the config (`Config.to_dict` and the fingerprints read it).
+ENDPOINT_SECTIONS = ("http", "judge.http", "scoring.http", "blind.http")
+
+
+@dataclass
+class PriceConfig:
+    """What a server charges, per million tokens, in one currency of your choice; the run's
+    cost is these prices times the tokens the server's `usage` reported (wim/pricing.py)."""
+
+    input: float | None = None
+    """Per million prompt tokens (required)."""
+    output: float | None = None
+    """Per million completion tokens, reasoning tokens included (required)."""
+    cached_input: float | None = None
+    """Per million prompt tokens the server read from its prompt cache
+    (`usage.prompt_tokens_details.cached_tokens`); null: priced as `input`."""
+    batch_discount: float = 0.0
+    """The share taken off for requests answered through a Batch API: 0.5 = half price."""
 
 
 @dataclass
@@ -39,6 +58,9 @@ class HTTPConfig:
     server_paths: dict[str, str] = field(default_factory=dict)
     """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
     {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}; empty: the same paths."""
+    price: PriceConfig | None = None
+    """What the server charges (input, cached_input, output per million tokens, batch_discount):
+    the report then shows each stage's cost; null: tokens only."""
 
 
 @dataclass
@@ -67,6 +89,8 @@ class EndpointConfig:
     """Retries of a request; null: `http.max_retries`."""
     context_tokens: int | None = None
     """The model's context length; null: `http.context_tokens`."""
+    price: PriceConfig | None = None
+    """What this server charges (as `http.price`); null: `http.price`."""
 
 
 def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) -> HTTPConfig:
@@ -77,3 +101,15 @@ def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) ->
               else getattr(own, f.name) for f in dataclasses.fields(EndpointConfig)}
     merged["model"] = own.model or model or http.model
     return dataclasses.replace(http, **merged, adapter_serving="none", server_paths={})
+
+
+def drop_prices(data: dict[str, Any], unset_only: bool = False) -> dict[str, Any]:
+    """`data` (a config as a dict) without its endpoints' `price` keys, or only those left
+    null: a price changes what a run is said to cost, never what it computes."""
+    for dotted in ENDPOINT_SECTIONS:
+        section = data
+        for part in dotted.split("."):
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and (not unset_only or section.get("price") is None):
+            section.pop("price", None)
+    return data

@@ -49,6 +49,8 @@ def _coerce(hint: Any, value: Any, key: str, source: str):
         allowed = " or ".join(_describe(m) for m in members)
         raise ConfigError(f"{source}: '{key}' must be {allowed}, got {value!r}.")
     base = members[0]
+    if dataclasses.is_dataclass(base):  # an optional section, e.g. `http.price`
+        return build_dataclass(base, value, key, source)
     if get_origin(base) is Literal:
         if value not in get_args(base):
             allowed = ", ".join(map(str, get_args(base)))

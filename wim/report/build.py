@@ -9,6 +9,7 @@ from typing import Any
 from wim.config import Config
 from wim.markdown import fmt_value, markdown_table, md_cell
 from wim.metrics import JudgeStatistics, PairStatistics, domain_name
+from wim.pricing import run_costs
 from wim.records import RecordIndex, iter_keyed
 from wim.report.sections import (
     agreement_lines,
@@ -40,6 +41,9 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
             stats = json.loads(path.read_text())
             stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
             report.update(stats)
+    # Priced at the config's prices now (a stage's stats hold the cost at its own run's).
+    report = {k: v for k, v in report.items() if not k.startswith("cost/")}
+    report.update(run_costs(cfg, report))
     # One streaming pass over each file: counters, never the records.
     judge, judge_model, served = JudgeStatistics(), None, set()
     for number, (_, j) in enumerate(iter_keyed(run.judgements)):
@@ -177,10 +181,13 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
         lines += ["", "## Per domain", "",
                   *tie_delta_table(["domain"], [s for s, _ in systems], rows)]
     lines += agreement_lines(agreement)
-    units = {"tokens/": "tokens", "time/": "seconds (wall clock)", "http/": "count"}
+    units = {"cost/": "currency of http.price", "tokens/": "tokens",
+             "time/": "seconds (wall clock)", "http/": "count"}
     costs = sorted(k for k in r if k.startswith(tuple(units)))
-    lines += ["", "## Cost and time", "", *markdown_table(["what", "value", "unit"], [
-        [key, fmt_value(r[key]), units[key.split("/")[0] + "/"]] for key in costs])]
+    lines += ["", "## Cost and time", "", *_cost_lines(r), *markdown_table(
+        ["what", "value", "unit"],
+        [[key, f"{r[key]:.6g}" if key.startswith("cost/") else fmt_value(r[key]),
+          units[key.split("/")[0] + "/"]] for key in costs])]
     if "train/steps" in r:
         lines += ["", "## Training (TRL DPO, LoRA)", "",
                   f"{r['train/steps']} steps on {r.get('train/pairs')} pairs; loss "
@@ -193,6 +200,19 @@ def render_markdown(r: dict[str, Any], cfg: Config, plots: list[tuple[str, str]]
     for path, caption in plots:
         lines += ["", f"![{md_cell(caption)}]({path})"]
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(r: dict[str, Any]) -> list[str]:
+    """What the run cost where prices are set (wim/pricing.py), or why none is shown."""
+    if "cost/total" not in r:  # said only where a server answered (its http/ counts)
+        return ["No cost shown: no `http.price` is set for the roles served over HTTP (tokens "
+                "are as the servers' `usage` reported them).", ""] if any(
+                    k.startswith("http/") for k in r) else []
+    parts = ", ".join(f"{key.split('/')[1]} {r[key]:.6g}" for key in sorted(r)
+                      if key.startswith("cost/") and key != "cost/total")
+    return [f"Cost {r['cost/total']:.6g} ({parts}), at the prices in the config; cached prompt "
+            "tokens at `cached_input`, reasoning tokens as output, batch-answered judgements "
+            "with `batch_discount` off.", ""]
 
 
 def _failure_sentence(r: dict[str, Any]) -> str:
