@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from wim.config import Config
+from wim.metrics import SystemSummary
 from wim.pairs import choose
 from wim.rundir import RunDir
-from wim.scoring import is_tie
+
+# The systems online DPO reports per step: the mixed score is the reward itself.
+SYSTEMS = ("numeric", "wim")
 
 
 def choose_pair(a: float | None, b: float | None, tolerance: float, tie_policy: str
@@ -38,8 +41,7 @@ class WimReward:
         self.path = judgements_path
         self.choice = None  # the PairChoice of the last call, until the trainer takes it
         self.trainer = None  # set once the trainer exists
-        self.deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
-        self.tie_counts = {"numeric": 0, "wim": 0}
+        self.pairs_so_far = SystemSummary(list(SYSTEMS), cfg.pairs.tie_tolerance)
         self.steps: list[dict[str, Any]] = []
 
     def _judge(self):
@@ -78,8 +80,7 @@ class WimReward:
         first, keep = [], []
         counts = {"pairs": half, "ties": 0, "failed": sum(not r["parse_ok"] for r in scored),
                   "fallback": sum(bool(r.get("fallback")) for r in scored)}
-        ties = {"numeric": 0, "wim": 0}
-        deltas: dict[str, list[float]] = {"numeric": [], "wim": []}
+        this_step = SystemSummary(list(SYSTEMS), tol)
         for a, b in zip(scored[:half], scored[half:], strict=True):
             first_chosen, kept, tie = choose_pair(a["score"], b["score"], tol,
                                                   self.cfg.training.online_tie_policy)
@@ -88,14 +89,13 @@ class WimReward:
             counts["ties"] += tie
             if a["score"] is None or b["score"] is None:
                 continue  # a failed judgement: no verdict, no statistic
-            va, vb = system_values(a, 0.0, []), system_values(b, 0.0, [])
-            for s in ("numeric", "wim"):
-                if s in va and s in vb:
-                    deltas[s].append(abs(va[s] - vb[s]))
-                    ties[s] += is_tie(va[s] - vb[s], tol)
+            values = [system_values(a, 0.0, []), system_values(b, 0.0, [])]
+            this_step.add(values)
+            self.pairs_so_far.add(values)
         counts["dropped"] = half - sum(keep)
         self.choice = PairChoice(first_chosen=first, keep=keep)
-        row = self._record_step(step, counts, ties, deltas)
+        row = {"step": step, **counts, **tie_rate_and_delta(this_step)}
+        self.steps.append(row)
         self._append(step, scored)
         if self.trainer is not None:
             for key, value in row.items():
@@ -104,17 +104,6 @@ class WimReward:
                         math.nan if value is None else float(value))
         # Never None (TRL would make it 0); a dropped pair's value is logged nowhere.
         return [r["score"] if r["score"] is not None else 0.0 for r in scored]
-
-    def _record_step(self, step, counts, ties, deltas) -> dict[str, Any]:
-        row: dict[str, Any] = {"step": step, **counts}
-        for s in ("numeric", "wim"):
-            n = len(deltas[s])
-            self.tie_counts[s] += ties[s]
-            self.deltas[s] += deltas[s]
-            row[f"tie_rate/{s}"] = ties[s] / n if n else None
-            row[f"delta/{s}"] = sum(deltas[s]) / n if n else None
-        self.steps.append(row)
-        return row
 
     def _append(self, step: int, scored: list[dict]) -> None:
         with self.path.open("a") as f:
@@ -126,11 +115,15 @@ class WimReward:
     def summary(self) -> dict[str, Any]:
         out = {f"online/{k}": sum(row[k] for row in self.steps)
                for k in ("pairs", "ties", "failed", "fallback", "dropped")}
-        for s in ("numeric", "wim"):
-            n = len(self.deltas[s])
-            out[f"online/tie_rate/{s}"] = self.tie_counts[s] / n if n else None
-            out[f"online/delta/{s}"] = sum(self.deltas[s]) / n if n else None
+        out.update({f"online/{k}": v for k, v in tie_rate_and_delta(self.pairs_so_far).items()})
         return out
+
+
+def tie_rate_and_delta(summary: SystemSummary) -> dict[str, float | None]:
+    """`tie_rate/<system>` and `delta/<system>` of wim/metrics.py's summary; None, not NaN,
+    where no pair had both values (the step rows are JSON)."""
+    return {k: None if math.isnan(v) else v for k, v in summary.result(list(SYSTEMS)).items()
+            if k.startswith(("tie_rate/", "delta/"))}
 
 
 def _user_text(prompt) -> str:

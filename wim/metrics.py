@@ -44,8 +44,10 @@ def _sign(x: float, tol: float) -> int:
     return 0 if is_tie(x, tol) else (1 if x > 0 else -1)
 
 
-class _Summary:
-    """Running tie rate, deltas and agreement of one set of prompts, per system (no lists)."""
+class SystemSummary:
+    """Running tie rate, deltas and agreement of one set of prompts, per system (no lists):
+    `add` one prompt's samples' `system_values` (every pair of them counts), then `result`.
+    Online DPO adds each of its pairs as a prompt of two."""
 
     def __init__(self, systems: list[str], tol: float) -> None:
         self.systems, self.tol, self.groups = systems, tol, 0
@@ -101,8 +103,8 @@ class PairStatistics:
         self.zeta, self.zetas, self.tol = zeta, list(zetas), tol
         self._base = ["numeric", "wim", "mixed"]
         self._sweep = [f"zeta={z:g}" for z in self.zetas]
-        self._all = _Summary(self._base + self._sweep, tol)
-        self._domains: dict[str, _Summary] = {}
+        self._all = SystemSummary(self._base + self._sweep, tol)
+        self._domains: dict[str, SystemSummary] = {}
         self._present: set[str] = set()
 
     def add(self, records: list[dict[str, Any]]) -> None:
@@ -111,7 +113,7 @@ class PairStatistics:
             self._present.update(v)
         self._all.add(values)
         domain = records[0].get("domain") or "none"
-        self._domains.setdefault(domain, _Summary(self._base, self.tol)).add(values)
+        self._domains.setdefault(domain, SystemSummary(self._base, self.tol)).add(values)
 
     def result(self) -> dict[str, float]:
         systems = [s for s in self._base if s in self._present]
