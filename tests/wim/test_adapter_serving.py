@@ -92,6 +92,15 @@ def test_registering_again_is_fine(lora_server, tmp_path: Path) -> None:
     assert [b["lora_name"] for b in server.bodies] == ["x", "x"]
 
 
+def test_registration_sends_the_key_as_every_request_does(lora_server, tmp_path: Path,
+                                                          monkeypatch) -> None:
+    """One HTTP transport: the key header comes from HTTPClient, as for chat completions."""
+    monkeypatch.setenv("MY_KEY", "sk-123")
+    server = lora_server()
+    register_adapter(server.url, "x", _adapter(tmp_path, 1), api_key_env="MY_KEY")
+    assert server.requests == [("/v1/load_lora_adapter", "Bearer sk-123")]
+
+
 def test_a_folder_the_server_cannot_read_names_path_and_setting(lora_server,
                                                                 tmp_path: Path) -> None:
     server = lora_server()

@@ -4,11 +4,9 @@ More: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 from wim.errors import WimError
@@ -62,37 +60,29 @@ def server_path(local: str | Path, server_paths: dict[str, str]) -> str:
     return path
 
 
-def _post(url: str, payload: dict, api_key_env: str) -> tuple[int, str]:
-    """(HTTP status, body text) of one POST, with the key in `api_key_env` when it is set.
-    Raises aiohttp.ClientError or asyncio.TimeoutError when the server cannot be reached."""
-    import aiohttp
-
-    key = os.environ.get(api_key_env) or ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    timeout = aiohttp.ClientTimeout(sock_connect=_TIMEOUT_S, sock_read=_TIMEOUT_S)
-
-    async def send() -> tuple[int, str]:
-        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
-            async with session.post(url, json=payload) as reply:
-                return reply.status, (await reply.read()).decode("utf-8", errors="replace")
-
-    return asyncio.run(send())
-
-
 def register_adapter(base_url: str, name: str, local_path: str | Path,
                      server_paths: dict[str, str] | None = None,
                      api_key_env: str = "WIM_API_KEY") -> str:
     """Register the adapter folder `local_path` as `name`; returns the path sent. Raises
-    AdapterServingError naming the path and what to set when the server refuses it."""
-    import aiohttp
+    AdapterServingError naming the path and what to set when the server refuses it. One POST
+    through the same HTTPClient as every request (its key header), sent once: a refusal is
+    read here, not retried."""
+    from wim.backends.http_client import Failure, HTTPClient
 
     path = server_path(local_path, server_paths or {})
     url = base_url.rstrip("/") + "/load_lora_adapter"
+    client = HTTPClient(base_url, api_key_env=api_key_env, concurrency=1, timeout_s=_TIMEOUT_S,
+                        max_retries=0)
     try:
-        status, text = _post(url, {"lora_name": name, "lora_path": path}, api_key_env)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        reply = client.post_json("/load_lora_adapter", {"lora_name": name, "lora_path": path},
+                                 parse=lambda status, body, _: (status, body.decode(
+                                     "utf-8", errors="replace")))
+    finally:
+        client.close()
+    if isinstance(reply, Failure):  # it never reached the server
         raise AdapterServingError(f"could not reach {url} to register adapter {name!r}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                                  f"{reply.reason}")
+    status, text = reply
     text = text[:600]
     if status == 200:
         logger.info("adapter %s registered with %s (%s)", name, base_url, path)
