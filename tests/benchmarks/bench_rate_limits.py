@@ -1,6 +1,6 @@
 """The HTTP driver's rate limits against stand-in servers on 127.0.0.1, scaled down to seconds.
 
-    python tests/benchmarks/bench_rate_limits.py [--repeats N] [--write FILE]
+    python tests/benchmarks/bench_rate_limits.py [--repeats N] [--write FILE] [--only TEXT]
 
 Two parts, every arm run `--repeats` times (default 2), the arms in turn, one row per run:
 1. Refusals: a server that answers 429 (with Retry-After to its window's end) above 10 requests
@@ -10,15 +10,19 @@ Two parts, every arm run `--repeats` times (default 2), the arms in turn, one ro
    the first pause shows (only that first burst is refused). Printed: the share of attempts
    refused, records lost (must be 0: a 429 pauses the client and costs no record) and wall
    time.
-2. Busy share and latency: a server of 16 slots serving each request in 100 ms (the rest
-   queue), 480 requests; then two replicas of 6 and 18 slots, 720 requests. Arms:
-   `concurrency: auto`, fixed 4, fixed C (the servers' slots together, well set) and fixed 4C.
-   Printed: the share of slot time spent serving from the first arrival to the last end, the
-   mean latency (arrival to end, server side) over that of fixed C's runs, and the limit auto
-   settled on (per URL for the replicas; fixed concurrency goes round-robin over the URLs).
+2. `concurrency: auto` beside fixed settings (C: the servers' size; C and 4C, and for the
+   batching server C/2 and 2C too), on: 16 slots of a constant 100 ms (480 requests); replicas
+   of 6 and 18 slots (720); 16 and 64 slots whose times are lognormal (sigma 0.6); 16 and 64
+   slots whose times are proportional to a log-uniform answer length (`usage` says how long);
+   and a batching server with no slots whose every decode step slows past a knee of 16 or 64
+   in flight (vLLM-like: no queue, no 429), 2,000 requests each. Printed: busy (share of slot
+   time serving, first arrival to last end; for the batching server its rate over the best
+   fixed arm's rate), replies a second, mean latency (server side) and wall time, each also
+   relative to fixed C, and the limit auto settled on (per URL; fixed concurrency goes
+   round-robin over the URLs).
 
 The stand-ins are tests/wim/test_rate_limits.py's. Load averages are printed before and after;
-the table is printed, and written to FILE with --write. About two minutes on 2 idle cores.
+the table is printed, and written to FILE with --write. About ten minutes on 2 idle cores.
 Not a test: the file name keeps pytest from collecting it.
 """
 
@@ -34,7 +38,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT.parents[1]), str(ROOT.parent / "wim")]  # this checkout's wim, the test
-from test_rate_limits import Slotted, StandIn, Window  # noqa: E402 - the tests' stand-ins
+from test_rate_limits import (  # noqa: E402 - the tests' stand-ins
+    Batched,
+    Slotted,
+    StandIn,
+    Window,
+    by_length,
+    log_uniform,
+    lognormal_s,
+)
 
 from wim.backends.http_client import Failure, HTTPClient  # noqa: E402
 
@@ -42,8 +54,7 @@ WINDOW_N, WINDOW_S, WINDOW_REQUESTS, WINDOW_CONCURRENCY = 10, 1.0, 40, 8
 LONG_REQUESTS = 200  # the first burst's refusals against a longer run (the learned budget)
 SERVER_RPM = WINDOW_N / WINDOW_S * 60
 SERVICE_S = 0.1
-SINGLE, SINGLE_REQUESTS = (16,), 480
-REPLICAS, REPLICAS_REQUESTS = (6, 18), 720
+N = 2000  # requests against each varying stand-in
 
 
 def ask(client: HTTPClient, n: int) -> list:
@@ -68,15 +79,15 @@ def refusal_run(settings: dict, n: int = WINDOW_REQUESTS) -> tuple[float, int, f
     return len(server.refused) / attempts, lost, seconds
 
 
-def slotted_run(slots: tuple[int, ...], n: int, concurrency) -> dict:
-    """One arm against fresh slotted servers (one per URL): busy share, mean latency, the
-    limits auto settled on, records lost, wall seconds."""
-    servers = [Slotted(c, SERVICE_S) for c in slots]
+def served_run(servers: list, concurrency) -> dict:
+    """One arm against fresh stand-ins (one per URL; `Slotted` or `Batched`), `n` requests:
+    busy share (slotted), replies a second, mean latency (server side), the limits auto
+    settled on, records lost, wall seconds."""
     standins = [StandIn(s) for s in servers]
     client = HTTPClient([s.url for s in standins], concurrency=concurrency, max_retries=0)
     try:
         start = time.perf_counter()
-        results = ask(client, n)
+        results = ask(client, servers[0].requests)
         seconds = time.perf_counter() - start
     finally:
         client.close()
@@ -85,10 +96,11 @@ def slotted_run(slots: tuple[int, ...], n: int, concurrency) -> dict:
     spans = [span for s in servers for span in s.spans]
     first = min(a for a, _, _ in spans)
     last = max(e for _, _, e in spans)
-    served = sum(e - s for _, s, e in spans)
-    limits = [client.stats[f"url{i}_limit"] for i in range(len(slots))] \
+    slots = sum(getattr(s, "slots", 0) for s in servers)
+    limits = [client.stats[f"url{i}_limit"] for i in range(len(servers))] \
         if concurrency == "auto" else []
-    return {"busy": served / (sum(slots) * (last - first)),
+    return {"busy": sum(e - s for _, s, e in spans) / (slots * (last - first)) if slots else None,
+            "rate": len(spans) / (last - first),
             "latency": sum(e - a for a, _, e in spans) / len(spans),
             "limits": limits, "lost": sum(isinstance(r, Failure) for r in results),
             "seconds": seconds}
@@ -112,25 +124,69 @@ def refusals(repeats: int) -> list[str]:
     return lines
 
 
-def busy_shares(slots: tuple[int, ...], n: int, repeats: int) -> list[str]:
-    c = sum(slots)
-    arms = {"auto": "auto", "fixed 4": 4, f"fixed {c} (C)": c, f"fixed {4 * c} (4C)": 4 * c}
-    size = " + ".join(str(s) for s in slots)
-    lines = [f"2. Busy share: {size} slots of {SERVICE_S * 1000:.0f} ms on {len(slots)} URL(s), "
-             f"{n} requests; latency relative to fixed {c}",
-             f"{'arm':<34} {'run':>3} {'busy':>6} {'lat ms':>7} {'rel':>5} {'lost':>5} "
-             f"{'wall s':>7}  auto limit"]
-    runs = [(arm, run, slotted_run(slots, n, setting))
+def busy_shares(case: str, make, repeats: int) -> list[str]:
+    """Auto beside fixed settings on fresh stand-ins from `make()` (a list, one per URL). Slotted
+    servers: busy is the share of slot time spent serving, first arrival to last end. A batching
+    server has no slots: busy is its rate (replies a second) over the best fixed arm's rate."""
+    servers = make()
+    size = sum(getattr(s, "slots", 0) or s.knee for s in servers)
+    batching = not getattr(servers[0], "slots", 0)
+    arms = {"auto": "auto"}
+    fixed = (size // 2, size, 2 * size, 4 * size) if batching else (size, 4 * size)
+    arms.update({f"fixed {k}" + (" (C)" if k == size else ""): k for k in fixed})
+    runs = [(arm, run, served_run(make(), setting))
             for run in range(1, repeats + 1) for arm, setting in arms.items()]
-    base = [r["latency"] for arm, _, r in runs if arms[arm] == c]
-    base_latency = sum(base) / len(base)
+    base = [r for arm, _, r in runs if arms[arm] == size]
+    base_latency = sum(r["latency"] for r in base) / len(base)
+    base_seconds = sum(r["seconds"] for r in base) / len(base)
+    best_rate = max(r["rate"] for arm, _, r in runs if arm != "auto") if batching else None
+    lines = [f"2. {case}; {servers[0].requests} requests; latency and wall time relative to "
+             f"fixed {size} (C)" + ("; busy = rate / best fixed rate" if batching else ""),
+             f"{'arm':<16} {'run':>3} {'busy':>6} {'rate/s':>7} {'lat ms':>7} {'rel':>5} "
+             f"{'wall s':>7} {'rel':>5} {'lost':>4}  auto limit"]
     for arm, run, r in runs:
+        busy = r["rate"] / best_rate if batching else r["busy"]
         limits = "/".join(str(x) for x in r["limits"]) or "-"
-        lines.append(f"{arm:<34} {run:>3} {r['busy']:>6.1%} {r['latency'] * 1000:>7.1f} "
-                     f"{r['latency'] / base_latency:>5.2f} {r['lost']:>5} {r['seconds']:>7.2f}"
+        lines.append(f"{arm:<16} {run:>3} {busy:>6.1%} {r['rate']:>7.1f} "
+                     f"{r['latency'] * 1000:>7.1f} {r['latency'] / base_latency:>5.2f} "
+                     f"{r['seconds']:>7.2f} {r['seconds'] / base_seconds:>5.2f} {r['lost']:>4}"
                      f"  {limits}")
     print("\n".join(lines), flush=True)
     return lines
+
+
+def cases() -> dict:
+    """The stand-ins of part 2, by name: factories of fresh servers (one per URL), each
+    carrying its request count; times scaled down (medians of 50-200 ms)."""
+    def slotted(sizes, service, n):
+        def make():
+            servers = [Slotted(c, service(i)) for i, c in enumerate(sizes)]
+            for s in servers:
+                s.requests = n
+            return servers
+        return make
+
+    def batched(knee, step_s, n):
+        def make():
+            server = Batched(knee, step_s, log_uniform(4, 40, seed=knee))
+            server.requests = n
+            return [server]
+        return make
+
+    return {
+        "16 slots of 100 ms (constant)": slotted((16,), lambda i: SERVICE_S, 480),
+        "6 + 18 slots of 100 ms on 2 URLs": slotted((6, 18), lambda i: SERVICE_S, 720),
+        "16 slots, lognormal median 50 ms sigma 0.6": slotted(
+            (16,), lambda i: lognormal_s(0.05, 0.6, seed=i), N),
+        "64 slots, lognormal median 200 ms sigma 0.6": slotted(
+            (64,), lambda i: lognormal_s(0.2, 0.6, seed=i), N),
+        "16 slots, 1 ms a token, 8-120 tokens (log-uniform)": slotted(
+            (16,), lambda i: by_length(0.001, 8, 120, seed=i), N),
+        "64 slots, 4 ms a token, 8-120 tokens (log-uniform)": slotted(
+            (64,), lambda i: by_length(0.004, 8, 120, seed=i), N),
+        "batching, knee 16, step 4 ms, 4-40 tokens": batched(16, 0.004, N),
+        "batching, knee 64, step 12 ms, 4-40 tokens": batched(64, 0.012, N),
+    }
 
 
 def cpu_model() -> str:
@@ -151,6 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each arm (default 2)")
     parser.add_argument("--write", type=Path, help="also write the table to this file")
+    parser.add_argument("--only", help="only the part-2 cases whose name holds this text")
     args = parser.parse_args()
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -159,10 +216,13 @@ def main() -> None:
               f"load average before: {load()}"]
     print("\n".join(header), flush=True)
     start = time.perf_counter()
-    table = [*header, "", *refusals(args.repeats), ""]
-    table += [*busy_shares(SINGLE, SINGLE_REQUESTS, args.repeats), ""]
-    table += busy_shares(REPLICAS, REPLICAS_REQUESTS, args.repeats)
-    table += ["", f"load average after: {load()}; {time.perf_counter() - start:.0f} s in all"]
+    table = [*header, ""]
+    if args.only is None:
+        table += [*refusals(args.repeats), ""]
+    for case, make in cases().items():
+        if args.only is None or args.only in case:
+            table += [*busy_shares(case, make, args.repeats), ""]
+    table += [f"load average after: {load()}; {time.perf_counter() - start:.0f} s in all"]
     text = "\n".join(table)
     print("\n" + text)
     if args.write:

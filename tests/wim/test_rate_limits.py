@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import random
 import threading
 import time
 
 import pytest
 
+from wim.backends.auto_concurrency import AutoLimit
 from wim.backends.http_client import Failure, HTTPClient
 from wim.backends.http_limits import parse_duration, parse_retry_after, server_wait
 from wim.config import config_from_dict, judge_http
@@ -23,10 +25,14 @@ from wim.errors import ConfigError
 web = pytest.importorskip("aiohttp.web")
 
 
-def _reply(tokens: int = 0) -> dict:
+def _reply(tokens: int = 0, completion: int | None = None) -> dict:
+    """A chat completion whose `usage` counts `tokens`, half of them answered, or a prompt of
+    20 and `completion` answered."""
+    prompt, completion = (tokens // 2, tokens - tokens // 2) if completion is None \
+        else (20, completion)
     return {"choices": [{"message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": tokens // 2, "completion_tokens": tokens - tokens // 2,
-                      "total_tokens": tokens}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion}}
 
 
 class StandIn:
@@ -175,11 +181,14 @@ def test_header_formats():
 
 
 class Slotted:
-    """A server of `slots` that serve one request each in `service_s`; the rest queue. Keeps
-    each request's (arrival, start of service, end)."""
+    """A server of `slots` that serve one request each, in `service_s` seconds: a number, or a
+    function giving (seconds, completion tokens) per request, as an LLM server's time varies
+    with its answer's length; the rest queue. Keeps each request's (arrival, start of service,
+    end) and counts the tokens in `usage`."""
 
-    def __init__(self, slots: int, service_s: float) -> None:
-        self.slots, self.service_s = slots, service_s
+    def __init__(self, slots: int, service_s) -> None:
+        self.slots = slots
+        self.service = service_s if callable(service_s) else lambda: (service_s, 0)
         self.spans: list[tuple[float, float, float]] = []
         self.held = 0
         self.most = 0
@@ -190,12 +199,13 @@ class Slotted:
         self.held += 1
         self.most = max(self.most, self.held)
         self._gate = self._gate or asyncio.Semaphore(self.slots)
+        seconds, tokens = self.service()
         async with self._gate:
             started = time.monotonic()
-            await asyncio.sleep(self.service_s)
+            await asyncio.sleep(seconds)
         self.held -= 1
         self.spans.append((arrived, started, time.monotonic()))
-        return 200, {}, _reply()
+        return 200, {}, _reply(completion=tokens)
 
     def busy(self) -> float:
         """The share of slot time spent serving, from the first arrival to the last end."""
@@ -205,6 +215,71 @@ class Slotted:
 
     def latency(self) -> float:
         return sum(e - a for a, _, e in self.spans) / len(self.spans)
+
+
+class Batched:
+    """A server with no slots, as vLLM decodes: every request in flight is in the batch, and
+    each decode step gives each one token. A step takes `step_s` up to `knee` requests and
+    grows in proportion beyond (the GPU's compute is spent), so more in flight than the knee
+    adds latency and no throughput; nothing refuses or queues. Answers are `length()` tokens."""
+
+    def __init__(self, knee: int, step_s: float, length) -> None:
+        self.knee, self.step_s, self.length = knee, step_s, length
+        self.spans: list[tuple[float, float, float]] = []
+        self.most = 0
+        self._running: dict[asyncio.Future, int] = {}  # a request's end -> tokens left
+        self._stepping: asyncio.Task | None = None
+
+    async def __call__(self, body: dict):
+        arrived = time.monotonic()
+        tokens = self.length()
+        done = asyncio.get_running_loop().create_future()
+        self._running[done] = tokens
+        self.most = max(self.most, len(self._running))
+        if self._stepping is None or self._stepping.done():
+            self._stepping = asyncio.ensure_future(self._steps())
+        await done
+        self.spans.append((arrived, arrived, time.monotonic()))
+        return 200, {}, _reply(completion=tokens)
+
+    async def _steps(self) -> None:
+        while self._running:
+            await asyncio.sleep(self.step_s * max(1.0, len(self._running) / self.knee))
+            for done in list(self._running):
+                self._running[done] -= 1
+                if self._running[done] <= 0:
+                    del self._running[done]
+                    done.set_result(None)
+
+    def rate(self) -> float:
+        """Replies a second from the first arrival to the last end."""
+        first = min(a for a, _, _ in self.spans)
+        return len(self.spans) / (max(e for _, _, e in self.spans) - first)
+
+    def latency(self) -> float:
+        return sum(e - a for a, _, e in self.spans) / len(self.spans)
+
+
+def lognormal_s(median_s: float, sigma: float, seed: int = 0):
+    """Service times of a lognormal spread (reply times of LLM servers are skewed so)."""
+    draw = random.Random(seed)
+    return lambda: (median_s * math.exp(draw.gauss(0.0, sigma)), 0)
+
+
+def by_length(per_token_s: float, shortest: int, longest: int, seed: int = 0):
+    """Answers log-uniform in length between `shortest` and `longest` tokens, served in time
+    proportional to their length (a decoding server's time per token)."""
+    draw = random.Random(seed)
+
+    def serve() -> tuple[float, int]:
+        tokens = int(math.exp(draw.uniform(math.log(shortest), math.log(longest))))
+        return per_token_s * tokens, tokens
+    return serve
+
+
+def log_uniform(shortest: int, longest: int, seed: int = 0):
+    draw = random.Random(seed)
+    return lambda: int(math.exp(draw.uniform(math.log(shortest), math.log(longest))))
 
 
 def _run(servers: list[Slotted], n: int, **settings) -> HTTPClient:
@@ -222,14 +297,16 @@ def _run(servers: list[Slotted], n: int, **settings) -> HTTPClient:
 
 def test_auto_concurrency_fills_a_server_without_queueing_at_it():
     """16 slots of 100 ms, not told: at least 85% busy over the whole run (slow start
-    included), and a mean latency within 25% of a fixed concurrency of 16."""
+    included), and no runaway: a mean latency under 2.5x a fixed 16's (a fixed 64 queues to
+    3.8x). Auto holds a queue of about 20% by design (results/rate_limits.txt); a client short
+    of CPU (2 shared cores) hides part of the queue from itself, hence the loose bound."""
     fixed = Slotted(16, 0.1)
     _run([fixed], 320, concurrency=16)
     auto = Slotted(16, 0.1)
     client = _run([auto], 640, concurrency="auto")
     assert auto.busy() >= 0.85, auto.busy()
-    assert auto.latency() <= 1.25 * fixed.latency(), (auto.latency(), fixed.latency())
-    assert 14 <= client.stats["concurrency_limit"] <= 20
+    assert auto.latency() <= 2.5 * fixed.latency(), (auto.latency(), fixed.latency())
+    assert 16 <= client.stats["concurrency_limit"] <= 28
     assert client.stats["concurrency_limit"] == client.stats["url0_limit"]
 
 
@@ -243,7 +320,7 @@ def test_auto_concurrency_fills_replicas_of_different_sizes():
     assert served / (24 * (last - first)) >= 0.85
     spans = small.spans + large.spans
     latency = sum(e - a for a, _, e in spans) / len(spans)
-    assert latency <= 1.25 * 1.05 * 0.1  # a well-set fixed concurrency: 0.1 s and a little
+    assert latency <= 1.6 * 0.1  # fixed 24 goes round-robin: 0.2 s (the small one queues)
     assert client.stats["url0_limit"] < client.stats["url1_limit"]
 
 
@@ -273,8 +350,8 @@ def test_auto_concurrency_does_not_grow_while_a_budget_holds_the_requests():
     """At 20 requests a second, replies of 100 ms need 2 in flight: requests that wait for the
     budget are not demand for more slots, so the limit stays where it started."""
     server = Slotted(16, 0.1)
-    client = _run([server], 40, concurrency="auto", requests_per_minute=1200)
-    assert server.most <= 4 and client.stats["concurrency_limit"] <= 4
+    client = _run([server], 60, concurrency="auto", requests_per_minute=1200)
+    assert server.most <= 4 and client.stats["concurrency_limit"] <= AutoLimit.START
 
 
 def test_a_429_for_an_exhausted_quota_is_a_failure():
@@ -293,3 +370,26 @@ def test_a_429_for_an_exhausted_quota_is_a_failure():
         server.close()
     assert isinstance(result, Failure) and "insufficient_quota" in result.reason
     assert len(server.refused) == 1 and client.stats["failures"] == 1
+
+
+def test_auto_concurrency_keeps_slots_busy_when_latency_varies():
+    """16 slots whose requests take a lognormal time (median 40 ms, sigma 0.6), 2,000 requests,
+    told nothing: at least 85% busy over the whole run. (A floor taken as the lowest mean of
+    rounds of 8 read this noise as a queue: it settled at 1 and kept the server 10% busy.)"""
+    server = Slotted(16, lognormal_s(0.04, 0.6))
+    _run([server], 2000, concurrency="auto")
+    assert server.busy() >= 0.85, server.busy()
+
+
+def test_auto_concurrency_finds_the_knee_of_a_batching_server():
+    """No slots, no queue, no 429: past 16 in flight every decode step slows in proportion.
+    `auto` serves at least 85% of the rate a fixed 16 (the knee) serves, and does not run up
+    the in-flight count, which would only add latency. (The old floor settled at 1: 12%.)"""
+    fixed = Batched(16, 0.003, log_uniform(5, 50, seed=1))
+    _run([fixed], 600, concurrency=16)
+    auto = Batched(16, 0.003, log_uniform(5, 50, seed=1))
+    client = _run([auto], 600, concurrency="auto")
+    assert auto.rate() >= 0.85 * fixed.rate(), (auto.rate(), fixed.rate())
+    # Slow start may pass the knee once (up to 4x) before it reads the rise; it settles near.
+    assert client.stats["concurrency_limit"] <= 32 and auto.most <= 64, auto.most
+    assert auto.latency() <= 2 * fixed.latency(), (auto.latency(), fixed.latency())  # 64: 2.8x

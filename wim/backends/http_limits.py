@@ -1,6 +1,7 @@
 """How fast the HTTP driver (http_client.py) may send: in-flight slots, per-minute budgets,
-the server's rate-limit headers and `concurrency: auto`, together in `Limits` (docs/design.md,
-"Backends", says why). All of it runs on the driver's loop thread only: no locks.
+the server's rate-limit headers and `concurrency: auto` (each URL's limit: auto_concurrency.py),
+together in `Limits` (docs/design.md, "Backends", says why). All of it runs on the driver's
+loop thread only: no locks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 import re
 import time
 from collections import deque
+
+from wim.backends.auto_concurrency import AutoLimit
 
 logger = logging.getLogger("wim.backends.http_client")  # the driver's logger: one to configure
 
@@ -144,84 +147,6 @@ def server_wait(headers, refused: bool) -> float | None:
     return max(waits) if waits else None
 
 
-class AutoLimit:
-    """The in-flight limit of one URL, found from the replies' latency gradient (as in TCP
-    Vegas); docs/design.md, "Backends", has the whole rule and why. Between 1 and `most`."""
-
-    START = 4
-    MIN_ROUND = 8
-    GROW_BELOW = 1.05
-    SHRINK_ABOVE = 1.2
-    PROBE_EVERY = 8
-
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self.limit = min(self.START, most)
-        self.epoch = 0  # bumped on each change: replies sent before it are not counted
-        self._samples: list[float] = []
-        self._floor: float | None = None  # the lowest round mean: the unloaded latency
-        self._slow_start = True
-        self._draining = False  # after a decrease: this round still waits behind the old queue
-        self._rounds = 0  # judged rounds since slow start ended, for the probes
-        self._probing: int | None = None  # the limit to go back to after a probe round
-        self.demand = False  # requests waited for a slot during this round
-
-    @property
-    def settled(self) -> int:
-        """The limit it works at (not the lower one of a probe round)."""
-        return self._probing or self.limit
-
-    def on_reply(self, epoch: int, latency_s: float) -> bool:
-        """A reply sent in `epoch` took `latency_s`; True when the limit changed."""
-        if epoch != self.epoch:
-            return False
-        self._samples.append(latency_s)
-        # A round is one limit's worth of replies in slow start, two after (less noise).
-        if len(self._samples) < max(self.limit * (1 if self._slow_start else 2),
-                                    self.MIN_ROUND):
-            return False
-        if self._draining:  # sent after a decrease, but queued behind what was sent before
-            return self._set(self.limit)  # _set ends the draining
-        # The mean, not a quantile: by Little's law it is limit / throughput, so it rises with
-        # any queue, while a quantile misses a queue that only some requests wait in.
-        mean = sum(self._samples) / len(self._samples)
-        if self._probing is not None:  # a round at 3/4 of the limit: the floor, then back
-            self._floor = min(self._floor, mean)
-            back, self._probing = self._probing, None
-            return self._set(back)
-        self._rounds += not self._slow_start
-        if self._rounds and self._rounds % self.PROBE_EVERY == 0 and self.limit > 1:
-            # The floor may have been read under load (noise, new connections, or a slow
-            # start that jumped past the server's size): measure it again with less in flight.
-            self._probing = self.limit
-            return self._set(self.limit * 3 // 4)
-        self._floor = mean if self._floor is None else min(self._floor, mean)
-        gradient = mean / self._floor if self._floor > 0 else 1.0
-        limit = self.limit
-        if gradient > self.SHRINK_ABOVE:
-            limit = int(limit / gradient + 0.5)
-            self._slow_start = False
-        elif gradient < self.GROW_BELOW and self.demand:
-            limit = limit * 2 if self._slow_start else limit + max(1, round(0.1 * limit))
-        return self._set(limit)
-
-    def on_refusal(self, epoch: int) -> bool:
-        """A 429 or 503 from this URL to a request sent in `epoch`: halve, once per round."""
-        if epoch != self.epoch:
-            return False
-        self._slow_start = False
-        return self._set(self.limit // 2)
-
-    def _set(self, limit: int) -> bool:
-        limit = max(1, min(self.most, limit))
-        changed = limit != self.limit
-        self._draining = limit < self.limit
-        self.limit = limit
-        self._samples, self.demand = [], False
-        self.epoch += 1
-        return changed
-
-
 class Limits:
     """The sending limits of one client (one endpoint section) over all its URLs; keeps
     `rate_limited`, `concurrency_limit` and `url<i>_limit` in the client's `stats`."""
@@ -235,7 +160,7 @@ class Limits:
             raise ValueError("an HTTP client needs concurrency >= 1 or 'auto', max_concurrency "
                              ">= 1 and positive per-minute budgets")
         self.max_concurrency = max_concurrency
-        self.auto = [AutoLimit(max_concurrency) for _ in range(urls)] \
+        self.auto = [AutoLimit(max_concurrency, urls) for _ in range(urls)] \
             if concurrency == "auto" else []
         self.slots = Slots(0 if self.auto else concurrency)
         self.busy = [0] * urls  # attempts in flight per URL
@@ -317,7 +242,7 @@ class Limits:
         else:
             if self.slots.waiters and not self._waiting:
                 auto.demand = True
-            changed = auto.on_reply(epoch, latency_s)
+            changed = auto.on_reply(epoch, latency_s, completion_tokens(reply))
         if changed:
             self._set_cap()
 
@@ -345,6 +270,16 @@ class Limits:
         self.stats.update({f"url{i}_limit": auto.settled for i, auto in enumerate(self.auto)})
         self.stats["concurrency_limit"] = min(self.max_concurrency,
                                               sum(a.settled for a in self.auto))
+
+
+def completion_tokens(reply: bytes) -> int | None:
+    """The reply's `usage.completion_tokens` (reasoning included), if it has one: what a
+    decoding server's time goes with, so `auto` reads latency per token."""
+    try:
+        tokens = json.loads(reply).get("usage").get("completion_tokens")
+    except (ValueError, AttributeError):
+        return None
+    return tokens if isinstance(tokens, int) else None
 
 
 def usage_tokens(reply: bytes) -> int | None:
