@@ -9,31 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from wim import stages
 from wim.config import Config
 from wim.records import storage_error
 from wim.rundir import RunDir, identity
-
-_STATS = tuple(f"stats/{s}.json" for s in ("generate", "judge", "score", "pairs", "train", "eval"))
-# stage: (config sections beyond the run identity, input files, output files)
-STAGE_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "generate": ((), (), ("samples.jsonl",)),
-    "judge": ((), ("samples.jsonl",), ("judgements.jsonl",)),
-    "score": (("scoring", "judge.on_parse_failure"), ("judgements.jsonl",), ("scores.jsonl",)),
-    # The card shows the scoring and judge settings; agreement.json uses validity's zetas.
-    "pairs": (("pairs", "export", "card", "scoring", "judge.on_parse_failure",
-               "eval.compare_zetas"),
-              ("scores.jsonl",),
-              ("pairs.jsonl", "pairs/README.md", "pairs.README.md", "dataset/README.md")),
-    "train": (("lora", "dpo", "wandb", "training"), ("pairs.jsonl",),
-              ("train/adapter/adapter_model.safetensors",)),
-    "eval": (("eval", "blind", "prompts.holdout", "generation"),
-             ("train/adapter/adapter_model.safetensors", "split.json"), ("eval.json",)),
-    # The report prices the tokens (wim/pricing.py); no other stage reads a price.
-    "report": (("scoring", "pairs", "wandb", "report", "http.price", "judge.http.price"),
-               ("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json", "agreement.json",
-                "train/log_history.json", *_STATS),
-               ("report.json", "report.md", "report.html")),
-}
 
 
 def file_sha256(path: Path) -> str | None:
@@ -54,16 +33,16 @@ def prompts_sha256(prompts) -> str:
 def input_fingerprint(cfg: Config, run: RunDir, stage: str, shard: str | None,
                       prompts_sha: str | None) -> str:
     """sha256 of everything `stage` reads: config, shard, prompts, input files."""
-    sections, inputs, _ = STAGE_FILES[stage]
+    step = stages.stage_named(stage)
     data = cfg.to_dict()  # prices only where set: scoring.http and blind.http take none
     what = {
         "stage": stage,
         "identity": identity(cfg),
         # A section (`scoring`) or one key of one (`judge.on_parse_failure`).
-        "sections": {name: _lookup(data, name) for name in sections},
+        "sections": {name: _lookup(data, name) for name in step.sections},
         "shard": shard,
-        "prompts": prompts_sha if stage in ("generate", "judge") else None,
-        "inputs": {name: file_sha256(run.file(name)) for name in _inputs(run, stage, inputs)},
+        "prompts": prompts_sha if step.reads_prompts else None,
+        "inputs": {name: file_sha256(run.file(name)) for name in _inputs(run, step)},
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -75,18 +54,18 @@ def _lookup(data: dict, dotted: str) -> Any:
     return data
 
 
-def _inputs(run: RunDir, stage: str, inputs: tuple[str, ...]) -> list[str]:
+def _inputs(run: RunDir, step: stages.Stage) -> list[str]:
     """The stage's input files; the eval stage of a run of several rounds also reads every
     round's adapter (the last one is the policy it evaluates)."""
-    names = list(inputs)
-    if stage == "eval" and run.file("rounds").is_dir():
+    names = list(stages.stage_inputs(step))
+    if step.name == "eval" and run.file("rounds").is_dir():
         names += sorted(str(p.relative_to(run.path)) for p in
                         run.file("rounds").glob("*/train/adapter/adapter_model.safetensors"))
     return names
 
 
 def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:
-    return {name: file_sha256(run.file(name)) for name in STAGE_FILES[stage][2]}
+    return {name: file_sha256(run.file(name)) for name in stages.stage_named(stage).outputs}
 
 
 def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] | None:

@@ -1,18 +1,19 @@
 """The data stages in one run directory: generate -> judge -> score -> pairs (-> report).
 
 `run_stages` runs named stages in order, skipping those unchanged since they finished
-(fingerprints.py). Each stage module has the entry point `run_stage` (`StageRunner`); training
-adds its own stages by passing `runners`, so this package never imports training.
+(fingerprints.py). The stages are wim/stages.py's table; each stage module has the entry point
+`run_stage` (`StageRunner`), imported here by its name in the table when the stage runs, so
+that training's stages run through the same loop while this package never imports training.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from data_gen import generate, judge, pairs, report, score
 from data_gen.fingerprints import finished_stats, input_fingerprint, prompts_sha256, record_finished
 from data_gen.judge import make_judge
 from data_gen.stages import Shard
@@ -24,10 +25,9 @@ from wim.holdout import load_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
 from wim.rundir import RunDir
+from wim.stages import STAGES, stage_named
 
 logger = logging.getLogger(__name__)
-
-DATA_STAGES = ("generate", "judge", "score", "pairs", "report")
 
 
 class Resources:
@@ -172,22 +172,19 @@ class Resources:
 StageRunner = Callable[[Config, RunDir, Resources, "Shard | None", bool, str], dict[str, Any]]
 
 
-def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
+def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None,
                shard: Shard | None = None, progress: bool = True,
-               resources: Resources | None = None, close: bool = True,
-               runners: Mapping[str, StageRunner] | None = None) -> dict[str, Any]:
-    """Run the named stages in order; returns the merged stats (the report when it ran).
-    `close`: release the backends at the end (the rounds keep them). `runners`: default
-    DATA_RUNNERS. Raises StageIncomplete after a stage that lost records to backend failures."""
-    runners = DATA_RUNNERS if runners is None else runners
+               resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
+    """Run the named stages (default: every stage of wim/stages.py) in order; returns the merged
+    stats (the report when it ran). `close`: release the backends at the end (the rounds keep
+    them). Raises StageIncomplete after a stage that lost records to backend failures."""
+    stages = tuple(s.name for s in STAGES) if stages is None else stages
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}
     skipped = []
     try:
         for stage in stages:
-            if stage not in runners:
-                raise ValueError(f"unknown stage '{stage}': expected one of {', '.join(runners)}")
-            prompts = res.inputs_sha256() if stage in ("generate", "judge") else None
+            prompts = res.inputs_sha256() if stage_named(stage).reads_prompts else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
             # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
@@ -201,7 +198,7 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
                 stats = _report(run) if stage == "report" else {**stats, **done}
                 continue
             logger.info("stage %s", stage)
-            out = runners[stage](cfg, run, res, shard, progress, fingerprint)
+            out = runner(stage)(cfg, run, res, shard, progress, fingerprint)
             stats = out if stage == "report" else {**stats, **out}
             lost = out.get(f"{stage}/backend_failed", 0)
             if lost:
@@ -214,9 +211,9 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] = DATA_STAGES,
     return stats
 
 
-DATA_RUNNERS: dict[str, StageRunner] = {"generate": generate.run_stage, "judge": judge.run_stage,
-                                        "score": score.run_stage, "pairs": pairs.run_stage,
-                                        "report": report.run_stage}
+def runner(stage: str) -> StageRunner:
+    """The `run_stage` of the stage's module (wim/stages.py names it)."""
+    return importlib.import_module(stage_named(stage).module).run_stage
 
 
 def _report(run: RunDir) -> dict[str, Any]:

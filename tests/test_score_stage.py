@@ -202,8 +202,8 @@ def test_compare_embeds_each_judgement_once_for_all_its_arms(tmp_path: Path, min
     """`wim compare`'s scoring path: the shared store filled once, then every arm (numeric,
     wim, mixed, random) scored and paired by the real stage runner from its copy."""
     import wim.embedders
+    from data_gen.pipeline import run_stages
     from training import compare
-    from training.run import run_stages_with_training
 
     counting = Counting(minilm)
     monkeypatch.setattr(wim.embedders, "open_embedder", lambda cfg: counting)
@@ -217,6 +217,6 @@ def test_compare_embeds_each_judgement_once_for_all_its_arms(tmp_path: Path, min
         run = RunDir(tmp_path / "arms" / name)
         run.claim(arm_cfg)
         compare._copy_shared(shared, run)
-        run_stages_with_training(arm_cfg, run, ("score",), progress=False)
+        run_stages(arm_cfg, run, ("score",), progress=False)
         assert all(r["similarity"] is not None for r in read_records(run.scores))
     assert counting.texts == embedded and len(embedded) == len(set(embedded)) > 0

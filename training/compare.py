@@ -12,6 +12,7 @@ import random
 import shutil
 from pathlib import Path
 
+from data_gen.pipeline import run_stages
 from data_gen.score import store_similarities
 from training.evaluate import (
     System,
@@ -20,7 +21,6 @@ from training.evaluate import (
     held_out_prompts,
     write_audit,
 )
-from training.run import run_stages_with_training
 from wim.config import Config
 from wim.errors import InputError
 from wim.markdown import fmt_value, markdown_table
@@ -72,7 +72,7 @@ def compare_arms(cfg: Config, out: Path, progress: bool = True) -> dict:
     shared = RunDir(out / "shared")
     with shared.lock("wim compare (shared generation and judging)"):
         shared.claim(cfg)
-        run_stages_with_training(cfg, shared, ("generate", "judge"), progress=progress)
+        run_stages(cfg, shared, ("generate", "judge"), progress=progress)
         store_similarities(cfg, shared)  # once for all arms: each scores from a copy
         shared.save_config(cfg)
     arm_runs, every_arm = {}, {}  # the trained arms; all of them
@@ -100,13 +100,13 @@ def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str, progress
     """Score, pair and train one arm on the shared records; False when it has no pairs."""
     run.claim(arm_cfg)
     _copy_shared(shared, run)
-    run_stages_with_training(arm_cfg, run, ("score", "pairs"), progress=progress)
+    run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
     if name == RANDOM_ARM:
         randomize_pairs(run.pairs, arm_cfg.seed)
         shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
     trained = next(iter_records(run.pairs), None) is not None
     if trained:
-        run_stages_with_training(arm_cfg, run, ("train",), progress=progress)
+        run_stages(arm_cfg, run, ("train",), progress=progress)
     else:  # reported as such; an arm without pairs has nothing to train or evaluate
         logger.warning("arm %s: no pairs (every prompt tied or failed); not trained", name)
     run.save_config(arm_cfg)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.fingerprints import file_sha256
-from data_gen.pipeline import Resources
-from training.run import STAGES, run_stages_with_training
+from data_gen.pipeline import Resources, run_stages
 from wim.config import Config
 from wim.errors import InputError
 from wim.report import write_rounds_report
 from wim.rundir import RunDir
+from wim.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -27,17 +27,19 @@ def round_dir(run: RunDir, r: int) -> RunDir:
     return RunDir(run.path.resolve() / "rounds" / str(r))
 
 
-def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard=None,
+def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None, shard=None,
                progress: bool = True, resources: Resources | None = None) -> dict[str, Any]:
     """`wim run`: one round in `run` itself, or `training.rounds` rounds in `run/rounds/<r>/`,
-    then the run's report.json with every round's metrics (`round/<r>/...`)."""
+    then the run's report.json with every round's metrics (`round/<r>/...`). `stages`:
+    default every stage (wim/stages.py)."""
+    stages = tuple(s.name for s in STAGES) if stages is None else stages
     rounds = cfg.training.rounds
     if cfg.training.mode == "online":
         from training.online import online_run
 
         return online_run(cfg, run, progress=progress, resources=resources)
     if rounds == 1:
-        return run_stages_with_training(cfg, run, stages, shard=shard, progress=progress,
+        return run_stages(cfg, run, stages, shard=shard, progress=progress,
                                         resources=resources)
     if shard is not None:
         raise InputError("training.rounds > 1 cannot run as shards (each round trains on all "
@@ -58,15 +60,14 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] = STAGES, shard
             res.start_round(rcfg)
             logger.info("round %d of %d (%s judge%s)", r, rounds, cfg.judge.role,
                         f", policy = base + {previous}" if previous else ", policy = base")
-            stats = run_stages_with_training(rcfg, rdir,
-                                             tuple(s for s in stages if s != "eval"),
-                                             progress=progress, resources=res, close=False)
+            stats = run_stages(rcfg, rdir, tuple(s for s in stages if s != "eval"),
+                               progress=progress, resources=res, close=False)
             rdir.save_config(rcfg)
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
             previous = str(rdir.file("train") / "adapter")  # absolute: round_dir resolves
     if "eval" in stages:  # the final policy (last round's adapter) against the base, once
-        eval_stats = run_stages_with_training(cfg, run, ("eval",), progress=progress)
+        eval_stats = run_stages(cfg, run, ("eval",), progress=progress)
         skipped += eval_stats["run/skipped_stages"]
     report = write_rounds_report(cfg, run, reports)
     if cfg.wandb.enabled:

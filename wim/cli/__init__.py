@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wim.cli import evaluation, refinement
-from wim.cli.parser import STAGE_COMMANDS, build_parser
+from wim.cli.parser import build_parser, stage_commands
 from wim.config import ConfigError, load_config
 from wim.errors import StageIncomplete, WimError
 from wim.rundir import RunDir
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     _set_up_logging(args.verbose)
     name = f"vrr {args.vrr_command}" if args.command == "vrr" else args.command
     try:
-        return COMMANDS[name](args)
+        return command(name)(args)
     except KeyboardInterrupt:
         print("wim: interrupted; finished records are kept, run the same command to resume.",
               file=sys.stderr)
@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stage_command(args: argparse.Namespace) -> int:
-    """`wim run` or one stage (`wim judge CONFIG|DIR`, ...): the data stages are data_gen's,
-    `run` and `train` training's."""
-    from data_gen.pipeline import DATA_STAGES, Resources, run_stages
+    """`wim run` (training/rounds.py: one round, several, or online DPO) or one stage (`wim
+    judge CONFIG|DIR`, ...: data_gen/pipeline.py's `run_stages`, the stages of wim/stages.py)."""
+    from data_gen.pipeline import Resources, run_stages
     from data_gen.stages import Shard
+    from wim.stages import STAGES
 
     cfg, out = config_and_run_dir(args)
     _check_rounds_command(cfg, args, out)
@@ -76,22 +77,17 @@ def stage_command(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     if args.command == "run":
         from training.rounds import run_rounds
-        from training.run import STAGES
 
         runner = run_rounds
         # --skip-train stops after the pairs: nothing trained, so nothing to evaluate either.
-        stages = tuple(s for s in STAGES if not (args.skip_train and s in ("train", "eval")))
-    elif args.command in DATA_STAGES:
-        runner, stages = run_stages, (args.command,)
+        stages = tuple(s.name for s in STAGES if not (args.skip_train and s.trains))
     else:
-        from training.run import run_stages_with_training
-
-        runner, stages = run_stages_with_training, (args.command,)
+        runner, stages = run_stages, (args.command,)
     resources = Resources(cfg)
     # Read by the judge stage (data_gen/judge_batch.py).
     resources.batch_results = getattr(args, "batch_results", None)
     resources.batch_submit = getattr(args, "batch_submit", False)
-    if {"generate", "judge"} & set(stages):
+    if any(s.reads_prompts for s in STAGES if s.name in stages):
         resources.check_inputs()  # a bad prompts file fails before the run directory is touched
     run = RunDir(out)
     with run.lock():
@@ -202,8 +198,14 @@ def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
 
 
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function of a parsed command: `wim run` and each stage's command (wim/stages.py)
+    run `stage_command`, the others their entry of `COMMANDS`."""
+    return stage_command if name == "run" or name in stage_commands() else COMMANDS[name]
+
+
+# The commands that are not stages.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    **dict.fromkeys(("run", *STAGE_COMMANDS), stage_command),
     "merge": merge_command,
     "export": export_command,
     "eval": evaluation.eval_command,

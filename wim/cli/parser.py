@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-STAGE_COMMANDS = {
-    "generate": "sample k responses per prompt from the policy (samples.jsonl)",
-    "judge": "judge each sample: what is missing + a 1-10 rating (judgements.jsonl)",
-    "score": "(re-)score judgements with scoring.zeta and the embedder; no judge calls",
-    "pairs": "build chosen/rejected pairs (pairs.jsonl, pairs/ dataset)",
-    "train": "DPO-train a LoRA adapter on the pairs with TRL (train/)",
-    "report": "write report.json, report.md, report.html and plots/",
-}
+from wim import stages
+
+
+def stage_commands() -> dict[str, str]:
+    """{stage: its help} for each stage with a command of its own (wim/stages.py)."""
+    return {s.name: s.help for s in stages.STAGES if s.help is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,11 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                        help="log debug messages, one line per HTTP request among them")
 
-    run = sub.add_parser("run", help="run every stage: generate, judge, score, pairs, train, "
-                         "report")
+    run = sub.add_parser("run", help="run every stage: " + ", ".join(s.name for s in stages.STAGES))
     add_common(run, "experiment YAML (e.g. configs/quickstart.yaml)")
     run.add_argument("--skip-train", action="store_true", help="stop after building pairs")
-    for name, text in STAGE_COMMANDS.items():
+    for name, text in stage_commands().items():
         stage = sub.add_parser(name, help=text)
         add_common(stage, "experiment YAML or an existing run directory")
         if name == "judge":

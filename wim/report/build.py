@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from wim import stages
 from wim.config import Config
 from wim.markdown import fmt_value, markdown_table, md_cell
 from wim.metrics import JudgeStatistics, PairStatistics, domain_name
@@ -35,8 +36,10 @@ SMALL_JUDGE_NOTE = (
 
 def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    for stage in ("generate", "judge", "score", "pairs", "train", "eval"):
-        path = run.file("stats") / f"{stage}.json"
+    for stage in stages.STAGES:
+        if stage.reads_stats:  # the report itself
+            continue
+        path = run.file(stage.stats_file)
         if path.exists():
             stats = json.loads(path.read_text())
             stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
