@@ -59,16 +59,19 @@ def progress_bar(total: int | None, desc: str, progress: bool, unit: str = "samp
 def token_stats(path: Path, stage: str, role: str) -> dict[str, Any]:
     """Records, tokens, empty responses and failed parses of a stage file, in one pass."""
     records, prompt_tokens, completion_tokens, empty, failed = 0, 0, 0, 0, 0
+    reasoning_tokens = 0  # of completion_tokens; a key only where a server counted some
     for _, r in iter_keyed(path):
         records += 1
         prompt_tokens += r.get("prompt_tokens", 0)
         completion_tokens += r.get("completion_tokens", 0)
+        reasoning_tokens += r.get("reasoning_tokens", 0)
         empty += not str(r.get("response") or "").strip()
         failed += not r.get("parse_ok", True)
     return {
         f"{stage}/records": records,
         f"tokens/{role}/in": prompt_tokens,
         f"tokens/{role}/out": completion_tokens,
+        **({f"tokens/{role}/reasoning": reasoning_tokens} if reasoning_tokens else {}),
         **({"generate/empty": empty} if stage == "generate" else {f"{stage}/parse_failed": failed}),
     }
 
@@ -84,3 +87,12 @@ def backend_stats(backend, role: str) -> dict[str, Any]:
         stats[f"dtype/{role}"] = backend.dtype
         stats.update({f"machine/{k}": v for k, v in machine().describe().items()})
     return stats
+
+
+def budget_stats(counts: dict) -> dict[str, Any]:
+    """The stats of judgements whose reply ran out of budget before an answer (wim/reasoning.py):
+    present only when there were some, and then the pipeline stops after the stage."""
+    if not counts["budget_exhausted"]:
+        return {}
+    return {"judge/budget_exhausted": counts["budget_exhausted"],
+            "judge/budget_note": counts["budget_note"]}

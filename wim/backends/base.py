@@ -20,6 +20,13 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] = ()
     """Per generated token, {token text: logprob} of the most likely tokens there (with
     `SamplingParams.top_logprobs`; else empty, as when a server gives none)."""
+    reasoning: str | None = None
+    """A reasoning model's thinking, apart from `text` (a server's `reasoning` or
+    `reasoning_content` field; wim/reasoning.py also moves a `<think>` block here); None: none."""
+    reasoning_tokens: int = 0
+    """Of `completion_tokens`, those spent reasoning (`usage.completion_tokens_details`)."""
+    finish_reason: str | None = None
+    """Why generation stopped, as the server said ("stop", "length"); None when not told."""
 
     @property
     def failure(self) -> str | None:

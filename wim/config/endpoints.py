@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+# The chat-completion request fields wim sets itself (wim/backends/http_backend.py); an
+# endpoint's `params` may not name them: wim would overwrite or contradict them.
+WIM_REQUEST_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+    "n", "stop", "logprobs", "top_logprobs", "response_format", "stream", "stream_options",
+    "input", "encoding_format"})
 
 
 @dataclass
@@ -39,6 +46,10 @@ class HTTPConfig:
     server_paths: dict[str, str] = field(default_factory=dict)
     """With `adapter_serving`: how the server sees this machine's folders (a shared mount), as
     {local prefix: server prefix}, e.g. {/work/runs: /mnt/runs}; empty: the same paths."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Extra fields sent with every chat-completion request, as they are: `reasoning_effort:
+    low`, `chat_template_kwargs: {enable_thinking: false}`, `service_tier: flex`. A field wim
+    sets itself (`model`, `max_tokens`, `temperature`, `logprobs`, ...) is refused."""
 
 
 @dataclass
@@ -67,6 +78,9 @@ class EndpointConfig:
     """Retries of a request; null: `http.max_retries`."""
     context_tokens: int | None = None
     """The model's context length; null: `http.context_tokens`."""
+    params: dict[str, Any] | None = None
+    """Extra request fields for this section's server (see `http.params`); null:
+    `http.params`."""
 
 
 def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) -> HTTPConfig:
