@@ -32,7 +32,7 @@ class StageIncomplete(Exception):
             message += (
                 f" {exhausted} {what} ran out of tokens before any answer and were not recorded "
                 f"(the last: {note}). A reasoning model spends its budget thinking first: raise "
-                "the setting it names (to thousands for a reasoning judge) and start again in "
+                "it (to thousands for a reasoning judge) and start again in "
                 "a new --out folder (the judge's settings are part of the run's identity).")
         super().__init__(message)
         self.stage, self.lost, self.stats = stage, lost, stats

@@ -52,10 +52,10 @@ def budget_exhausted(completion: Completion) -> bool:
     return completion.ok and completion.finish_reason == "length" and not completion.text.strip()
 
 
-def exhausted_message(setting: str, limit: int, completion: Completion) -> str:
-    """The failure of a `budget_exhausted` reply: names the setting and the tokens spent."""
-    spent = completion.completion_tokens
+def exhausted_message(setting: str, limit: int, completion) -> str:
+    """The failure of a `budget_exhausted` reply (a `Completion`, or anything with its token
+    counts): names the setting and the tokens spent."""
     thinking = (f", {completion.reasoning_tokens} of them reasoning" if
                 completion.reasoning_tokens else "")
-    return (f"budget exhausted: the reply ended at {setting} ({limit} tokens) before any answer "
-            f"({spent} completion tokens spent{thinking}); raise {setting}")
+    return (f"budget exhausted: no answer within {setting} ({limit}; "
+            f"{completion.completion_tokens} completion tokens spent{thinking}); raise {setting}")
