@@ -90,6 +90,23 @@ def test_a_hosted_reasoning_api_judges_once_its_refusals_are_learned(tmp_path: P
                for b in server.bodies)
 
 
+def test_the_shipped_reasoning_config_works(tmp_path: Path) -> None:
+    """configs/reasoning_judge.yaml as it is, its URL pointed at the stand-in."""
+    config = Path(__file__).resolve().parents[1] / "configs" / "reasoning_judge.yaml"
+    server = HostedReasoningAPI()
+    out = tmp_path / "run"
+    try:
+        run_wim(["generate", str(config), "--out", str(out), "--no-progress",
+                 *sets([f"generation.source={_source(tmp_path)}", NO_POLICY, "generation.k=2",
+                        "prompts.holdout=0", f"judge.http.base_urls=[{server.url}]"])])
+        run_wim(["judge", str(out), "--no-progress"])
+    finally:
+        server.close()
+    _check_verdicts(out)
+    assert all(b["model"] == "o4-mini" and b["reasoning_effort"] == "low"
+               for b in server.bodies)
+
+
 def test_at_the_default_budget_the_run_names_the_setting(tmp_path: Path) -> None:
     """Reasoning spends judge.max_new_tokens: empty content, finish_reason length. Counted as
     budget_exhausted (not a server failure), nothing recorded, exit 3 naming the setting."""
