@@ -313,3 +313,28 @@ def test_a_reasoning_blind_evaluator_at_the_default_budget_names_the_setting():
     assert code == 3 and report["budget_exhausted"] == 6 and report["backend_failures"] == 0
     assert "Raise blind.max_new_tokens" in printed
     assert all("no answer within blind.max_new_tokens (48;" in r["failure"] for r in records)
+
+
+def test_the_embedder_sends_its_own_params_only() -> None:
+    """`http.params` are the chat servers' (reasoning_effort would be refused by /embeddings):
+    the embeddings server gets `scoring.http.params` alone."""
+    from recording_server import JSONServer
+
+    from wim.embedders import open_embedder
+
+    class Embeddings(JSONServer):
+        def respond(self, path: str, body: dict):
+            return 200, {"data": [{"index": i, "embedding": [1.0, float(i)]}
+                                  for i in range(len(body["input"]))]}
+
+    server = Embeddings()
+    try:
+        cfg = load_config(QUICKSTART, [
+            "scoring.backend=http", f"http.base_urls=[{server.url}]", "scoring.http.model=e",
+            "http.params={reasoning_effort: low}", "scoring.http.params={dimensions: 2}"])
+        embedder = open_embedder(cfg)
+        assert embedder.embed(["a", "b"]).shape == (2, 2)
+    finally:
+        server.close()
+    assert server.bodies == [{"dimensions": 2, "model": "e", "input": ["a", "b"],
+                              "encoding_format": "float"}]

@@ -26,7 +26,8 @@ _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "gra
 
 
 class HTTPBackend(Backend):
-    """Chat completions from OpenAI-compatible base URLs (`/v1`); `settings`: HTTPClient's."""
+    """Chat completions from OpenAI-compatible base URLs (`/v1`); `params`: extra fields of every
+    request (`http.params`); `settings`: HTTPClient's."""
 
     name = "http"
     supports_prefill = False
