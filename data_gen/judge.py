@@ -59,10 +59,11 @@ def judge_samples(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     """Judge every sample, several batches in flight when the backend serves many (flow.py)."""
     start = time.perf_counter()
     window = batch_window(judge.max_in_flight, cfg.generation.batch_size * cfg.generation.k)
-    lost, overlong = judge_batches(cfg, run, prompts, judge, shard, progress, window)
+    lost, counts = judge_batches(cfg, run, prompts, judge, shard, progress, window)
     stats = stages.token_stats(run.judgements, "judge", "judge", role_price(cfg, "judge"))
-    stats.update({"judge/backend_failed": lost, "judge/truncated": overlong["truncated"],
-                  "judge/skipped_overlong": overlong["skipped"],
+    stats.update(stages.budget_stats(counts))
+    stats.update({"judge/backend_failed": lost, "judge/truncated": counts["truncated"],
+                  "judge/skipped_overlong": counts["skipped"],
                   "time/judge": time.perf_counter() - start})
     stats.update(stages.backend_stats(getattr(judge, "backend", None), "judge"))
     run.write_stats("judge", stats)
@@ -76,7 +77,9 @@ def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     """Judge the samples not judged yet, one generation batch at a time, `window` batches in
     flight, written in batch order; a batch's samples are read (by offset) when it runs.
     `before(keys, done, seed)` hears of each judge call (batch files: judge_batch.py).
-    Returns the backend failures (not recorded) and the overlong samples' counts."""
+    Returns the backend failures (not recorded) and the overlong samples' counts, with the
+    judgements whose budget ran out before an answer (not recorded either) and the last one's
+    message."""
     samples = RecordIndex(run.samples)
     if not len(samples):
         run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
@@ -85,15 +88,15 @@ def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     start, tokens, lost = time.perf_counter(), 0, 0
     bar = stages.progress_bar(
         sum(samples.sample_count(p.id) for _, batch in batches for p in batch), "judge", progress)
-    overlong = {"truncated": 0, "skipped": 0}
+    counts: dict = {"truncated": 0, "skipped": 0, "budget_exhausted": 0, "budget_note": ""}
 
     def todo():  # batches with a sample not judged yet, their samples read as they are needed
         for b, batch in batches:
             records = samples.read(p.id for p in batch)
             fits = judge.fit([(r["prompt"], r["response"]) for r in records],
                              cfg.judge.overlong, cfg.judge.max_input_tokens)
-            overlong["truncated"] += sum(cut for _, cut in fits)
-            overlong["skipped"] += sum(item is None for item, _ in fits)
+            counts["truncated"] += sum(cut for _, cut in fits)
+            counts["skipped"] += sum(item is None for item, _ in fits)
             live = [(r, item, cut) for r, (item, cut) in zip(records, fits, strict=True)
                     if item is not None]
             missing = sum(record_key(r) not in done for r, _, _ in live)
@@ -112,18 +115,25 @@ def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
         for (_, live, missing), results in ordered_map(ask, todo(), window):
             new = [(r, cut, res) for (r, _, cut), res in zip(live, results, strict=True)
                    if record_key(r) not in done]
-            # A backend failure is no verdict: left out, so the next run judges it again.
+            # A backend failure is no verdict: left out, so the next run judges it again; so
+            # is a reply that spent the budget before answering (reasoning).
             lost += sum(res.backend_failed for _, _, res in new)
-            records = [_judgement_record(r, judge, res, cut) for r, cut, res in new
-                       if not res.backend_failed]
+            exhausted = [res for _, _, res in new if res.budget_exhausted]
+            if exhausted:
+                counts["budget_exhausted"] += len(exhausted)
+                counts["budget_note"] = exhausted[-1].error
+            records = [_judgement_record(r, judge, res, cut, cfg.judge.keep_reasoning)
+                       for r, cut, res in new if not (res.backend_failed or res.budget_exhausted)]
             out.write_all(records)
             bar.update(missing)
             failed += sum(not r["parse_ok"] for r in records)
             tokens += sum(r["completion_tokens"] for r in records)
             bar.set_postfix(parse_failed=failed, backend_failed=lost,
+                            **({"budget_exhausted": counts["budget_exhausted"]}
+                               if counts["budget_exhausted"] else {}),
                             tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
     bar.close()
-    return lost, overlong
+    return lost, counts
 
 
 def _judged_keys(run: RunDir) -> tuple[KeySet, int]:
@@ -135,7 +145,8 @@ def _judged_keys(run: RunDir) -> tuple[KeySet, int]:
     return keys, failed
 
 
-def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[str, Any]:
+def _judgement_record(sample: dict, judge: Judge, res, truncated: bool,
+                      keep_reasoning: bool = True) -> dict[str, Any]:
     record = {k: v for k, v in sample.items() if k not in TOKEN_FIELDS}  # the policy's
     record.update(
         judge_role=judge.role, judge_model=judge.model_name, critique=res.critique,
@@ -146,6 +157,9 @@ def _judgement_record(sample: dict, judge: Judge, res, truncated: bool) -> dict[
     )
     if truncated:  # the judge saw the prompt cut from the middle (the response whole)
         record["judge_prompt_truncated"] = True
+    # Only where the judge reasoned, so a non-reasoning judge's records are as before.
+    if res.reasoning and keep_reasoning:
+        record["reasoning"] = res.reasoning
     served = getattr(judge, "served_model", None)
     if served:  # which name the server judged by (base model, or a round's adapter)
         record["judge_served_model"] = served

@@ -15,7 +15,7 @@ from typing import Any
 
 from data_gen import batch_submit
 from data_gen.batch_submit import line_error, line_outcome, summarise
-from data_gen.stages import Shard, token_stats
+from data_gen.stages import Shard, budget_stats, token_stats
 from wim.backends.http_client import Failure
 from wim.config import Config, ConfigError
 from wim.errors import StageIncomplete, WimError
@@ -212,7 +212,7 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
                          cfg.judge.batch_retry, judge.max_retries + 1, retried)
     backend._client = client
     try:
-        lost, _ = judge_batches(cfg, run, prompts, judge, shard, False, 1, client.begin)
+        lost, counts = judge_batches(cfg, run, prompts, judge, shard, False, 1, client.begin)
     finally:
         backend._client = live
     folder = run.path / "batch"
@@ -223,6 +223,7 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
     stats.update({"judge/backend_failed": lost, "judge/batch_missing": client.missing,
                   "judge/batch_failed": client.failed,
                   "judge/batch_retry_requests": len(client.written)})
+    stats.update(budget_stats(counts))  # answers cut by the budget (data_gen/pipeline.py stops)
     if rounds:
         return next_round(cfg, run, client, stats, lost)
     retry_files = write_request_files(folder, client.written, prefix="retry-requests")

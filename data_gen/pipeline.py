@@ -201,8 +201,10 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None,
             out = runner(stage)(cfg, run, res, shard, progress, fingerprint)
             stats = out if stage == "report" else {**stats, **out}
             lost = out.get(f"{stage}/backend_failed", 0)
-            if lost:
-                raise StageIncomplete(stage, lost, stats)
+            exhausted = out.get(f"{stage}/budget_exhausted", 0)
+            if lost or exhausted:
+                raise StageIncomplete(stage, lost, stats, exhausted,
+                                      out.get(f"{stage}/budget_note", ""))
             record_finished(run, stage, fingerprint)
     finally:
         if close:

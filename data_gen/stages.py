@@ -87,3 +87,12 @@ def backend_stats(backend, role: str) -> dict[str, Any]:
         stats[f"dtype/{role}"] = backend.dtype
         stats.update({f"machine/{k}": v for k, v in machine().describe().items()})
     return stats
+
+
+def budget_stats(counts: dict) -> dict[str, Any]:
+    """The stats of judgements whose reply ran out of budget before an answer (wim/reasoning.py):
+    present only when there were some, and then the pipeline stops after the stage."""
+    if not counts["budget_exhausted"]:
+        return {}
+    return {"judge/budget_exhausted": counts["budget_exhausted"],
+            "judge/budget_note": counts["budget_note"]}

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, FlakyServer, http_overrides, run_wim, sets
 
-from data_gen.fingerprints import STAGE_FILES, input_fingerprint
+from data_gen.fingerprints import input_fingerprint
 from wim.config import ConfigError, PriceConfig, load_config
 from wim.pricing import role_price, run_costs
 from wim.records import read_keyed
 from wim.rundir import RunDir
+from wim.stages import STAGES
 
 PROMPTS = [{"id": f"p{i}", "domain": "x", "prompt": f"Question number {i}?"} for i in range(4)]
 
@@ -236,7 +237,7 @@ def test_a_price_changes_the_reports_fingerprint_only(tmp_path: Path) -> None:
     priced = load_config(QUICKSTART, [*base, HTTP_PRICE, JUDGE_PRICE])
     cheaper = load_config(QUICKSTART, [*base, HTTP_PRICE, JUDGE_PRICE.replace("10.0", "9.0")])
     run = RunDir(tmp_path / "run")
-    for stage in STAGE_FILES:
+    for stage in (s.name for s in STAGES):
         prints = {input_fingerprint(c, run, stage, None, None) for c in (plain, priced, cheaper)}
         assert len(prints) == (3 if stage == "report" else 1), stage
     assert "price" not in json.dumps(plain.to_dict())  # a config without prices reads as before

@@ -227,3 +227,23 @@ def test_eval_end_to_end_sends_the_evaluator_only_questions_and_answers(tmp_path
                for a in answers}
     assert len(server.bodies) == 2 * 3  # policy and base, 3 prompts
     assert all(json.dumps(body["messages"]) in allowed for body in server.bodies)
+
+    # A hosted reasoning API as the evaluator: it refuses max_tokens, top_p, temperature and
+    # logprobs (tests/reasoning_servers.py). `wim eval` finishes with hard verdicts, so marked.
+    from reasoning_servers import HostedReasoningAPI
+
+    server = HostedReasoningAPI()
+    try:
+        proc = run_wim(["eval", str(out), "--no-progress",
+                        *sets(["blind.backend=http", f"blind.http.base_urls=[{server.url}]",
+                               "blind.http.model=reasoner", "eval.max_new_tokens=24",
+                               "blind.max_new_tokens=4096"])])
+    finally:
+        server.close()
+    report = json.loads((out / "eval.json").read_text())
+    note = "hard verdicts: the evaluator gives no token probabilities"
+    assert report["evaluator"]["verdict"] == "hard" and report["evaluator"]["verdict_note"] == note
+    assert note in proc.stdout and note in (out / "eval.md").read_text()
+    assert report["comparisons"][0]["failures"] == 0 and server.refused["logprobs"] >= 1
+    verdicts = [json.loads(line) for line in (out / "eval" / "verdicts.jsonl").open()]
+    assert all(v["probs_ab"] is None and v["probs_ba"] is None for v in verdicts)

@@ -236,7 +236,10 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
         "evaluator": {"model": evaluator.model_name, "mode": mode,
                       "verdict": evaluator.verdict if mode == "pairwise" else "pointwise",
                       "backend": cfg.blind.backend, "max_retries": cfg.blind.max_retries,
-                      "dtype": getattr(evaluator.backend, "dtype", None)},
+                      "dtype": getattr(evaluator.backend, "dtype", None),
+                      # Only when weighted verdicts were asked for and turned hard (blind.py).
+                      **({"verdict_note": evaluator.verdict_note}
+                         if getattr(evaluator, "verdict_note", None) else {})},
         "mechanical_warning": MECHANICAL_WARNING if bundled else None,
         "held_out_prompts": n_prompts,
         "primary": primary,
@@ -249,11 +252,19 @@ def eval_report(cfg: Config, evaluator: BlindEvaluator, outcomes: dict[str, Outc
         "systems": {s.name: {"model": s.model, "adapter": s.adapter} for s in systems},
         "evaluator_tokens": sum(r["tokens"] for r in records),
         "backend_failures": sum("backend failed" in (r["failure"] or "") for r in records),
+        **_budget_exhausted(records),
         # Attempts whose text copied a template placeholder (each was asked again).
         "placeholder_copies": sum(copied_placeholder(t, mode) is not None
                                   for r in records for t in r["raw"]),
         "comparisons": comparisons,
     }
+
+
+def _budget_exhausted(records: list[dict]) -> dict:
+    """Verdicts whose reply spent blind.max_new_tokens before any verdict (a reasoning
+    evaluator): their count and the last one's message; {} when none."""
+    cut = [r["failure"] for r in records if "budget exhausted" in (r["failure"] or "")]
+    return {"budget_exhausted": len(cut), "budget_note": cut[-1]} if cut else {}
 
 
 def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],

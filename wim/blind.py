@@ -20,6 +20,7 @@ from wim.blind_verdicts import (
 )
 from wim.judge_prompts import EMPTY_ANSWER, format_question_answer, guided_max_tokens
 from wim.judges import ask_in_two_steps, generate_one
+from wim.reasoning import budget_exhausted, exhausted_message
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ MODES = ("pairwise", "pointwise")
 VERDICTS = ("weighted", "hard")
 TOP_LOGPROBS = 8
 """Most likely tokens asked for per position (vLLM's default cap is 20)."""
+NO_LOGPROBS = "hard verdicts: the evaluator gives no token probabilities"
 
 # The last "Verdict" label counts (a model that restates the format writes "Verdict: <A if ...>"
 # first). A and B must be capitals, so "Verdict: a tie" is read as a tie, not as A.
@@ -121,6 +123,7 @@ class BlindEvaluator:
         if verdict not in VERDICTS:
             raise ValueError(f"blind verdict must be one of {VERDICTS}, got {verdict!r}")
         self.verdict = verdict
+        self.verdict_note: str | None = None  # why the verdicts are hard when weighted was asked
         self.backend = backend
         self.max_retries = max_retries
         self.max_new_tokens = max_new_tokens
@@ -171,6 +174,7 @@ class BlindEvaluator:
             temperature = 0.0 if attempt == 0 else self.retry_temperature
             outs = self._ask([convs[i] for i in todo], label, temperature,
                              self.seed + 7919 * attempt)
+            self._check_logprobs()
             again = []
             for i, (text, error, spent, top) in zip(todo, outs, strict=True):
                 raws[i].append(text)
@@ -189,6 +193,13 @@ class BlindEvaluator:
         for i in todo:
             failures[i] = f"{failures[i]} (after {self.max_retries + 1} attempts)"
         return list(zip(values, failures, raws, tokens, probs, strict=True))
+
+    def _check_logprobs(self) -> None:
+        """Weighted verdicts turn hard, both orders as before, once the server has refused
+        `logprobs` (wim/backends/http_fields.py): no probability is made up."""
+        if self.verdict == "weighted" and not getattr(self.backend, "gives_logprobs", True):
+            self.verdict, self.verdict_note = "hard", NO_LOGPROBS
+            logger.warning("the blind evaluator's server refused logprobs: %s", NO_LOGPROBS)
 
     def _weighted(self, label: str) -> bool:
         return self.verdict == "weighted" and label == VERDICT_LABEL
@@ -216,7 +227,15 @@ class BlindEvaluator:
         else:
             params = SamplingParams(self.max_new_tokens, temperature, 1.0, top_logprobs=top)
         outs = generate_one(b, convs, params, seed, head or None)
-        return [(head + o.text, o.failure, _tokens(o), o.top_logprobs) for o in outs]
+        return [(head + o.text, o.failure or self._exhausted(o), _tokens(o), o.top_logprobs)
+                for o in outs]
+
+    def _exhausted(self, o: Completion) -> str | None:
+        """The failure of a reply that spent blind.max_new_tokens before any verdict (a
+        reasoning evaluator): not retried, since the same budget would end the same way."""
+        if not budget_exhausted(o):
+            return None
+        return exhausted_message("blind.max_new_tokens", self.max_new_tokens, o.usage)
 
     def close(self) -> None:
         self.backend.close()

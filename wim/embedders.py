@@ -73,7 +73,7 @@ class HTTPEmbedder:
     (servers differ on whether they do), so the cosine is a dot product as in process."""
 
     def __init__(self, model: str, base_urls: list[str], batch_size: int = 64,
-                 **settings) -> None:
+                 params: dict | None = None, **settings) -> None:
         from wim.backends.http_client import HTTPClient
 
         if not base_urls:
@@ -85,6 +85,7 @@ class HTTPEmbedder:
                                 "its embedding model")
         self.name = model
         self.batch_size = batch_size
+        self.params = dict(params or {})  # scoring.http.params: extra fields of each request
         self.dtype = None  # the server's choice
         self.client = HTTPClient(base_urls, **settings)  # HTTPClient's keyword arguments
         self.dimension: int | None = None
@@ -106,7 +107,8 @@ class HTTPEmbedder:
         if not texts:
             return np.zeros((0, self.dimension or 0), dtype=np.float32)
         chunks = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
-        payloads = [{"model": self.name, "input": chunk, "encoding_format": "float"}
+        payloads = [{**self.params, "model": self.name, "input": chunk,
+                     "encoding_format": "float"}
                     for chunk in chunks]
         replies = self.client.post_many("/embeddings", payloads, parse=_embeddings_reply)
         parts = []
@@ -188,6 +190,7 @@ def open_embedder(cfg: Any) -> Embedder | HTTPEmbedder:
     scoring = cfg.scoring
     if scoring.backend == "http":
         endpoint = scoring_http(cfg)
+        # Its own params only: `http.params` are the chat servers' (reasoning_effort, ...).
         return HTTPEmbedder(endpoint.model, endpoint.base_urls, scoring.batch_size,
-                            **client_settings(endpoint))
+                            params=scoring.http.params, **client_settings(endpoint))
     return Embedder(scoring.embedder, scoring.batch_size, scoring.dtype)

@@ -17,13 +17,23 @@ class ConfigError(WimError):
 
 
 class StageIncomplete(Exception):
-    """A stage lost records to backend failures; the later stages must not build on it."""
+    """A stage lost records to backend failures, or to replies that spent their token budget
+    before answering (`exhausted`); the later stages must not build on it."""
 
-    def __init__(self, stage: str, lost: int, stats: dict) -> None:
+    def __init__(self, stage: str, lost: int, stats: dict, exhausted: int = 0,
+                 note: str = "") -> None:
         what = "samples" if stage == "generate" else "judgements"
-        super().__init__(
+        message = (
             f"{lost} {what} were lost to backend failures (server down, timeouts, 5xx; see "
             f"stats/{stage}.json) and were not recorded, so the stages after `{stage}` did not "
             "run. Run the same command again to retry them; finished records are kept."
-        )
+        ) if lost else f"The stages after `{stage}` did not run."
+        if exhausted:
+            message += (
+                f" {exhausted} {what} ran out of tokens before any answer and were not recorded "
+                f"(the last: {note}). A reasoning model spends its budget thinking first: raise "
+                "it (to thousands for a reasoning judge) and start again in "
+                "a new --out folder (the judge's settings are part of the run's identity).")
+        super().__init__(message)
         self.stage, self.lost, self.stats = stage, lost, stats
+        self.exhausted = exhausted

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import KW_ONLY, dataclass
+from typing import NamedTuple
 
 from wim.backends import Backend, Completion, SamplingParams
 from wim.backends.base import Usage
@@ -20,6 +21,7 @@ from wim.judge_prompts import (
     judge_json_schema,
 )
 from wim.parsing import ECHOED_RUBRIC, parse_judgement
+from wim.reasoning import apart, budget_exhausted, exhausted_message
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,22 @@ class Judgement:
     record; the stage leaves it out so that running the same command again retries it."""
     usage: Usage = Usage()
     """The tokens of every attempt by kind, as the backend counted them (wim/pricing.py)."""
+    reasoning: str | None = None
+    """A reasoning judge's thinking of the last attempt (wim/reasoning.py), never parsed;
+    None when it gave none."""
+    budget_exhausted: bool = False
+    """The reply ended at judge.max_new_tokens before any answer (a reasoning judge that spent
+    the budget thinking): no verdict, not retried at the same budget, not recorded."""
+
+
+class Reply(NamedTuple):
+    """One judge request's outcome, before parsing."""
+
+    text: str
+    error: str | None
+    usage: Usage
+    reasoning: str | None = None
+    exhausted: bool = False
 
 
 class Judge(ABC):
@@ -106,10 +124,14 @@ class BackendJudge(Judge):
         for attempt in range(self.max_retries + 1):
             # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
             temperature = 0.0 if attempt == 0 else self.retry_temperature
-            raws = self._ask([items[i] for i in todo], temperature, seed + 7919 * attempt)
+            replies = self._ask([items[i] for i in todo], temperature, seed + 7919 * attempt)
             still_failing = []
-            for i, (raw, error, used) in zip(todo, raws, strict=True):
-                spent[i] = spent[i] + used
+            for i, reply in zip(todo, replies, strict=True):
+                raw, error = reply.text, reply.error
+                spent[i] = spent[i] + reply.usage
+                if reply.exhausted:
+                    error = exhausted_message("judge.max_new_tokens", self.max_new_tokens,
+                                              reply.usage)
                 parsed = (parse_judgement(raw, self.mode, self.instructions)
                           if error is None else None)
                 ok = parsed is not None and parsed.ok
@@ -124,8 +146,10 @@ class BackendJudge(Judge):
                     echoed_attempts=echoed[i],
                     prompt_tokens=spent[i].prompt,
                     completion_tokens=spent[i].completion,
-                    backend_failed=error is not None,
+                    backend_failed=error is not None and not reply.exhausted,
                     usage=spent[i],
+                    reasoning=reply.reasoning,
+                    budget_exhausted=reply.exhausted,
                 )
                 if parsed is not None and not ok:  # only a parse failure is asked again
                     still_failing.append(i)
@@ -156,8 +180,8 @@ class BackendJudge(Judge):
         return build_judge_messages(prompt, response, criteria=self.criteria, mode=self.mode,
                                     instructions_in=self.instructions_in, prompt_style=self.prompt)
 
-    def _ask(self, items, temperature: float, seed: int) -> list[tuple[str, str | None, Usage]]:
-        """(raw text, backend error or None, tokens) per item."""
+    def _ask(self, items, temperature: float, seed: int) -> list[Reply]:
+        """One `Reply` per item: the answer's text (a prefill included), without reasoning."""
         convs = [self._messages(p, r) for p, r in items]
         if not self.backend.supports_prefill:  # a server: JSON, where it takes a schema
             guided = (self.guided_json and self.prompt == "ours"
@@ -179,10 +203,9 @@ class BackendJudge(Judge):
         else:
             steps = ask_in_two_steps(self.backend, convs, MISSING_PREFILL, RATING_PREFILL,
                                      self.max_new_tokens, temperature, seed)
-            return [(text, crit.failure or rate.failure, crit.usage + rate.usage)
-                    for text, crit, rate in steps]
+            return [reply_of(text, crit, rate) for text, crit, rate in steps]
         outs = generate_one(self.backend, convs, params, seed, head or None)
-        return [(head + o.text, o.failure, o.usage) for o in outs]
+        return [reply_of(head + o.text, o) for o in outs]
 
     def _ask_authors(self, convs, temperature: float, seed: int):
         """Explanation up to "[[", the rating up to "]]", then the critique up to "]]]"."""
@@ -190,23 +213,30 @@ class BackendJudge(Judge):
                  (SamplingParams(4, temperature, 1.0, stop=("]]",)), "]]\n[[["),
                  (SamplingParams(self.max_new_tokens, temperature, 1.0, stop=("]]]",)), "]]]")]
         heads = [""] * len(convs)
-        errors: list[str | None] = [None] * len(convs)
-        tokens = [Usage()] * len(convs)
+        outs_of: list[list[Completion]] = [[] for _ in convs]
         for params, tail in steps:
             prefill = [h or None for h in heads] if any(heads) else None
             outs = generate_one(self.backend, convs, params, seed, prefill)
             for i, o in enumerate(outs):
                 text = o.text.split("]")[0] if tail.startswith("]") else o.text.rstrip()
                 heads[i] = heads[i] + text + tail
-                errors[i] = errors[i] or o.failure
-                tokens[i] = tokens[i] + o.usage
-        return list(zip(heads, errors, tokens, strict=True))
+                outs_of[i].append(o)
+        return [reply_of(h, *outs) for h, outs in zip(heads, outs_of, strict=True)]
+
+
+def reply_of(text: str, *completions: Completion) -> Reply:
+    """The `Reply` of the completions one judgement took (one, or one per step)."""
+    thoughts = [c.reasoning for c in completions if c.reasoning]
+    return Reply(text, next((c.failure for c in completions if c.failure), None),
+                 sum((c.usage for c in completions), Usage()),
+                 "\n\n".join(thoughts) if thoughts else None,
+                 any(budget_exhausted(c) for c in completions))
 
 
 def generate_one(backend: Backend, convs, params: SamplingParams, seed: int,
                  prefill: str | list[str] | None) -> list[Completion]:
-    """One completion per conversation."""
-    return [c[0] for c in backend.generate(convs, params, seed=seed, prefill=prefill)]
+    """One completion per conversation, its reasoning apart from its text (wim/reasoning.py)."""
+    return [apart(c[0]) for c in backend.generate(convs, params, seed=seed, prefill=prefill)]
 
 
 def ask_in_two_steps(backend: Backend, convs, prefill: str, label: str, max_new_tokens: int,

@@ -28,9 +28,10 @@ from wim.sources import source_sha256
 
 DATA_SECTIONS = ("seed", "prompts", "policy", "generation", "judge")
 # Judge keys outside the run identity: on_parse_failure (`wim score` may switch it; the score
-# stage's fingerprint holds it) and how the requests are sent (live or in batch files).
-JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry",
-                      "batch_resubmits")
+# stage's fingerprint holds it), how the requests are sent (live or in batch files) and
+# whether a reasoning judge's thinking is kept beside its verdict.
+JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry", "batch_resubmits",
+                      "keep_reasoning")
 # The http keys that change which model writes a record (or what it refuses as too long); the
 # others (concurrency, timeout_s, ...) change only how requests are sent, so may differ per run.
 HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")
@@ -49,6 +50,8 @@ class RunDirBusyError(RunDirError):
 def _http_identity(section) -> dict:
     http = {k: getattr(section, k) for k in HTTP_IDENTITY_KEYS}
     http["base_urls"] = sorted(http["base_urls"])
+    if section.params:  # extra request fields change what the model writes (thinking on/off);
+        http["params"] = section.params  # only when set, so older run directories still match
     return http
 
 

@@ -33,7 +33,7 @@ def open_http_backend(h, model: str = "") -> Backend:
     from wim.backends.http_backend import HTTPBackend
 
     return HTTPBackend(h.base_urls, h.model or model, context_tokens=h.context_tokens,
-                       **client_settings(h))
+                       params=h.params, **client_settings(h))
 
 
 def client_settings(h) -> dict:

@@ -48,6 +48,11 @@ class Completion:
     def usage(self) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens,
                      self.reasoning_tokens, self.batch)
+    reasoning: str | None = None
+    """A reasoning model's thinking, apart from `text` (a server's `reasoning` or
+    `reasoning_content` field; wim/reasoning.py also moves a `<think>` block here); None: none."""
+    finish_reason: str | None = None
+    """Why generation stopped, as the server said ("stop", "length"); None when not told."""
 
     @property
     def failure(self) -> str | None:

@@ -11,6 +11,7 @@ import re
 
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams, Usage, sample_seed
 from wim.backends.http_client import Failure, HTTPClient, http_failure, malformed
+from wim.backends.http_fields import refused_field, sent, shaped
 
 logger = logging.getLogger(__name__)
 
@@ -25,18 +26,21 @@ _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "gra
 
 
 class HTTPBackend(Backend):
-    """Chat completions from OpenAI-compatible base URLs (`/v1`); `settings`: HTTPClient's."""
+    """Chat completions from OpenAI-compatible base URLs (`/v1`); `params`: extra fields of every
+    request (`http.params`); `settings`: HTTPClient's."""
 
     name = "http"
     supports_prefill = False
     supports_json_schema = True
 
     def __init__(
-        self, base_urls: list[str], model: str, context_tokens: int | None = None, **settings
+        self, base_urls: list[str], model: str, context_tokens: int | None = None,
+        params: dict | None = None, **settings
     ) -> None:
         client = self._client = HTTPClient(base_urls, **settings)
         self.base_urls = client.base_urls
         self.model = model
+        self.params = dict(params or {})  # `http.params`: extra fields of every request
         # Kept for the repr: judge.batch swaps `_client` for a stand-in.
         self.api_key_env, self.concurrency = client.api_key_env, client.concurrency
         self.timeout_s, self.max_retries = client.timeout_s, client.max_retries
@@ -49,6 +53,12 @@ class HTTPBackend(Backend):
         # Touched only on the client's loop thread, so no lock.
         self._refused: set[str] = set()  # response_format forms this server refused
         self._single = False  # the server refused n > 1: one request per sample from now on
+        self._learned: set[str] = set()  # request fields it refused (wim/backends/http_fields)
+
+    @property
+    def gives_logprobs(self) -> bool:
+        """False once the server has refused `logprobs`: no token probabilities from it."""
+        return "logprobs" not in self._learned
 
     def __repr__(self) -> str:
         key = "set" if self._client._secret else "unset"
@@ -93,6 +103,7 @@ class HTTPBackend(Backend):
         """The choices of one chat-completion request (up to `n`), with retries; a failure is
         one `ok=False` completion (error `_N_REFUSED` when the server refused n > 1)."""
         payload: dict = {
+            **self.params,
             "model": self.model,
             "messages": messages,
             "max_tokens": params.max_new_tokens,
@@ -107,16 +118,24 @@ class HTTPBackend(Backend):
             payload["logprobs"] = True
             payload["top_logprobs"] = params.top_logprobs
         form: list[str | None] = [None]  # the response_format form of the attempt in flight
+        attempt: list[dict] = [payload]  # the payload of the attempt in flight, as sent
 
         def prepare() -> dict | None:
             if n > 1 and self._single:  # refused while this request waited for a slot
                 return None
             form[0] = self._guided_form(payload, params.json_schema)
-            return payload
+            attempt[0] = shaped(payload, self._learned)  # what the server refused meanwhile
+            return attempt[0]
 
         def parse(status: int, body: bytes, url: str) -> list[Completion] | str | Failure:
             if status == 200:
                 return _parse(body, url)
+            field = refused_field(status, body)
+            if field is not None and sent(attempt[0], field):
+                # Sent again at once without it (not an attempt); `sent` ends the repeats.
+                reason = http_failure(status, body, url).reason
+                self._learn(field, reason)
+                return Failure(reason, repeat=True)
             text = body[:4000].decode("utf-8", errors="replace").lower()
             if n > 1 and 400 <= status < 500 and status != 429 and _NAMES_N.search(text):
                 return _N_REFUSED
@@ -155,6 +174,22 @@ class HTTPBackend(Backend):
             payload["response_format"] = {"type": "json_object", "schema": schema}
         return form
 
+    def _learn(self, field: str, reason: str) -> None:
+        """Count a refusal of `field`; the first one is learned, with one warning line."""
+        key = f"refused_{field}"
+        self.stats[key] = self.stats.get(key, 0) + 1  # present once a field was refused
+        if field in self._learned:
+            return
+        self._learned.add(field)
+        instead = {"max_tokens": "sending max_completion_tokens instead",
+                   "temperature": "leaving it out (the server's default; retries then vary by "
+                                  "seed alone)",
+                   "top_p": "leaving it out (the server's default)",
+                   "logprobs": "leaving logprobs and top_logprobs out (no token probabilities "
+                               "from this server: verdicts are hard)"}[field]
+        logger.warning("the server refused %r (%s); %s from now on", field,
+                       self._client.scrub(reason), instead)
+
     def _refuse(self, form: str, reason: str) -> None:
         self.stats["guided_refused"] += 1
         if form not in self._refused:
@@ -190,25 +225,34 @@ def _parse(body: bytes, url: str) -> list[Completion] | Failure:
     """The choices of a chat-completion body, or a retryable failure if it is malformed. The
     prompt is read once, so its tokens (and the cached ones) go to the first choice; the
     completion and reasoning tokens (one total each in `usage`) are shared out by the choices'
-    text lengths."""
+    text lengths. A reasoning model's thinking (`reasoning`, or vLLM's old
+    `reasoning_content`) is kept apart; its `content` may then be null (cut inside the
+    reasoning): an empty text."""
     try:
         data = json.loads(body)
-        texts = [choice["message"]["content"] for choice in data["choices"]]
+        choices = data["choices"]
+        messages = [choice["message"] for choice in choices]
         usage = read_usage(data.get("usage"))
-        if not texts:
+        if not messages:
             raise IndexError("no choices")
+        thoughts = [m.get("reasoning") or m.get("reasoning_content") for m in messages]
+        finishes = [choice.get("finish_reason") for choice in choices]
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         return malformed(url, body, type(exc).__name__)
-    if not all(isinstance(t, str) for t in texts):
+    # Null content is an answer cut short only where the server says so; else malformed.
+    texts = ["" if m.get("content") is None and (r or f == "length") else m.get("content")
+             for m, r, f in zip(messages, thoughts, finishes, strict=True)]
+    if not all(isinstance(t, str) for t in texts + [r for r in thoughts if r is not None]):
         return Failure(f"malformed response from {url}: message content is not text", retry=True)
     weights = [len(t) + 1 for t in texts]
     shares = _shares(usage.completion, weights)
     thinking = _shares(usage.reasoning, weights)
-    tops = [_top_logprobs(choice) for choice in data["choices"]]
+    tops = [_top_logprobs(choice) for choice in choices]
     return [Completion(t, prompt_tokens=usage.prompt if i == 0 else 0, completion_tokens=c,
                        top_logprobs=top, cached_tokens=usage.cached if i == 0 else 0,
-                       reasoning_tokens=r)
-            for i, (t, c, r, top) in enumerate(zip(texts, shares, thinking, tops, strict=True))]
+                       reasoning_tokens=rt, reasoning=r or None, finish_reason=f)
+            for i, (t, c, rt, top, r, f) in enumerate(zip(texts, shares, thinking, tops,
+                                                          thoughts, finishes, strict=True))]
 
 
 def _top_logprobs(choice: dict) -> tuple[dict[str, float], ...]:

@@ -26,6 +26,8 @@ def _print_eval(report: dict, path: Path) -> int:
     for key, label in (("mechanical_warning", "note"), ("power_statement", "power")):
         if report.get(key):
             print(f"{label}: {report[key]}")
+    if (report.get("evaluator") or {}).get("verdict_note"):
+        print(f"note: {report['evaluator']['verdict_note']}")
     if report.get("hard_fallback"):
         print(f"note: {report['hard_fallback']} prompt(s) fell back to hard verdicts (the "
               "evaluator's backend gave no token probabilities)")
@@ -40,6 +42,12 @@ def _print_eval(report: dict, path: Path) -> int:
         print(f"wim: incomplete: {report['backend_failures']} verdicts were lost to backend "
               "failures (counted as failures, never as wins); run the same command again.",
               file=sys.stderr)
+        return 3
+    if report.get("budget_exhausted"):
+        print(f"wim: incomplete: {report['budget_exhausted']} verdicts ran out of tokens before "
+              f"any verdict (counted as failures, never as wins; the last: "
+              f"{report['budget_note']}). Raise blind.max_new_tokens (a reasoning evaluator "
+              "thinks first: thousands) and run the same command again.", file=sys.stderr)
         return 3
     return 0
 

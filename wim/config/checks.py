@@ -9,7 +9,7 @@ import re
 from functools import reduce
 from typing import Any
 
-from wim.config.endpoints import ENDPOINT_SECTIONS
+from wim.config.endpoints import ENDPOINT_SECTIONS, WIM_REQUEST_FIELDS
 from wim.config.refine import CRITERIA, FLAGS
 from wim.config.sampling import SOURCE_COLUMN_KEYS
 from wim.errors import ConfigError
@@ -122,6 +122,20 @@ def _validate_combinations(cfg, fail) -> None:
                     "requests_per_minute", "tokens_per_minute"):
             if getattr(section, key) not in (None, "auto") and getattr(section, key) <= 0:
                 fail(f"{name}.http.{key}", "be positive or null", getattr(section, key))
+    _validate_params(cfg, fail)
+
+
+def _validate_params(cfg, fail) -> None:
+    """`params` holds only fields wim does not set itself (it would overwrite or contradict
+    them: `max_tokens` is judge.max_new_tokens, `temperature` the sampling's, ...)."""
+    for key, params in (("http.params", cfg.http.params), ("judge.http.params",
+                        cfg.judge.http.params), ("scoring.http.params", cfg.scoring.http.params),
+                        ("blind.http.params", cfg.blind.http.params)):
+        clash = sorted(str(k) for k in (params or {}) if k in WIM_REQUEST_FIELDS)
+        if clash:
+            fail(key, f"name only request fields wim does not set itself (it sets "
+                 f"{', '.join(sorted(WIM_REQUEST_FIELDS))}; set those through wim's own keys, "
+                 f"e.g. judge.max_new_tokens), but it names {', '.join(clash)}", params)
 
 
 def _validate_prices(cfg, fail) -> None:

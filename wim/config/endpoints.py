@@ -25,6 +25,12 @@ class PriceConfig:
     (`usage.prompt_tokens_details.cached_tokens`); null: priced as `input`."""
     batch_discount: float = 0.0
     """The share taken off for requests answered through a Batch API: 0.5 = half price."""
+# The chat-completion request fields wim sets itself (wim/backends/http_backend.py); an
+# endpoint's `params` may not name them: wim would overwrite or contradict them.
+WIM_REQUEST_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+    "n", "stop", "logprobs", "top_logprobs", "response_format", "stream", "stream_options",
+    "input", "encoding_format"})
 
 
 @dataclass
@@ -61,6 +67,10 @@ class HTTPConfig:
     price: PriceConfig | None = None
     """What the server charges (input, cached_input, output per million tokens, batch_discount):
     the report then shows each stage's cost; null: tokens only."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Extra fields sent with every chat-completion request, as they are: `reasoning_effort:
+    low`, `chat_template_kwargs: {enable_thinking: false}`, `service_tier: flex`. A field wim
+    sets itself (`model`, `max_tokens`, `temperature`, `logprobs`, ...) is refused."""
 
 
 @dataclass
@@ -91,6 +101,9 @@ class EndpointConfig:
     """The model's context length; null: `http.context_tokens`."""
     price: PriceConfig | None = None
     """What this server charges (as `http.price`); null: `http.price`."""
+    params: dict[str, Any] | None = None
+    """Extra request fields for this section's server (see `http.params`); null:
+    `http.params`."""
 
 
 def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) -> HTTPConfig:
@@ -105,11 +118,17 @@ def endpoint(http: HTTPConfig, own: EndpointConfig, model: str | None = None) ->
 
 def drop_prices(data: dict[str, Any], unset_only: bool = False) -> dict[str, Any]:
     """`data` (a config as a dict) without its endpoints' `price` keys, or only those left
-    null: a price changes what a run is said to cost, never what it computes."""
+    null: a price changes what a run is said to cost, never what it computes. Empty `params`
+    go too: like an unset price, they were not there before these keys existed, so a config
+    written then keeps its sha256 and fingerprints."""
     for dotted in ENDPOINT_SECTIONS:
         section = data
         for part in dotted.split("."):
             section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict) and (not unset_only or section.get("price") is None):
+        if not isinstance(section, dict):
+            continue
+        if not section.get("params"):
+            section.pop("params", None)
+        if not unset_only or section.get("price") is None:
             section.pop("price", None)
     return data

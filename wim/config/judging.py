@@ -48,6 +48,10 @@ class JudgeConfig:
     (the prompt cut from the middle, the response whole) or `skip` (not judged)."""
     max_input_tokens: int | None = None
     """Cap on judge input tokens below the judge's context; null: none."""
+    keep_reasoning: bool = True
+    """A reasoning judge's thinking (its `reasoning` field, or its text up to the last
+    `</think>`), never parsed as the verdict, is kept in each judgement's `reasoning` field
+    (only present when there was some); false: dropped."""
     guided_json: bool = True
     """HTTP judge: ask for the verdict as JSON of the judge's schema (`response_format`), plain
     text where the server refuses it (docs/design.md, "Judging"). false: plain text only."""

@@ -45,7 +45,10 @@ def power_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _weighted_kind(doc: dict[str, Any]) -> str:
-    verdict = (doc.get("evaluator") or {}).get("verdict", "weighted")
+    evaluator = doc.get("evaluator") or {}
+    verdict = evaluator.get("verdict", "weighted")
+    if verdict == "hard" and evaluator.get("verdict_note"):  # weighted asked, logprobs refused
+        return f"{evaluator['verdict_note']}: each order's verdict counted as probability 1"
     if verdict == "hard":
         return ("hard verdicts (blind.verdict hard): each order's verdict counted as "
                 "probability 1")
