@@ -41,13 +41,3 @@ def test_two_process_ddp_training(tmp_path: Path) -> None:
     stats = json.loads((run.path / "stats/train.json").read_text())
     assert stats["train/steps"] == 2 and "fingerprint" in stats
 
-
-def test_zero3_config_leaves_accumulation_to_the_training_config() -> None:
-    """A number under deepspeed_config fixes DeepSpeed's accumulation, and transformers then
-    refuses every dpo.gradient_accumulation_steps but that one; left out, accelerate passes
-    "auto" and the training config decides."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "configs/accelerate/zero3.yaml").read_text())
-    assert config["deepspeed_config"]["zero_stage"] == 3
-    assert "gradient_accumulation_steps" not in config["deepspeed_config"]

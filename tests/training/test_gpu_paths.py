@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICKSTART
+from conftest import GOOD_VS_GARBAGE, QUICKSTART, write_pair_rows
 
 from wim.config import load_config
 
 
-def _tiny_llama(dtype=torch.float32):
+def _tiny_llama(dtype=torch.float32, vocab_size: int = 64):
     """A randomly initialised two-layer Llama (no download, under a second)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)
     return LlamaForCausalLM(config).to(dtype)
 
@@ -74,81 +74,87 @@ def test_a_4bit_model_goes_to_this_ranks_gpu(monkeypatch) -> None:
         assert seen["device_map"] == {"": rank} and seen["quantization_config"] == "4-bit"
 
 
-def test_adam_at_dpo_learning_rates_cannot_move_a_bfloat16_weight() -> None:
-    """Why the LoRA weights stay float32: one AdamW step at the paper's lr 5e-7 leaves a
-    bfloat16 weight of LoRA's scale exactly as it was, and moves the float32 one."""
-    torch.manual_seed(0)
-    # LoRA A's scale (kaiming-uniform over 576 inputs: up to 0.04), away from zero, where a
-    # bfloat16 step is as fine as float32's.
-    start = (torch.rand(256) * 0.035 + 0.005) * torch.sign(torch.randn(256))
-    grad = torch.randn(256)
-    moved = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        weight = torch.nn.Parameter(start.to(dtype).clone())
-        optimizer = torch.optim.AdamW([weight], lr=5e-7, weight_decay=0.0)
-        weight.grad = grad.to(dtype)
-        optimizer.step()
-        moved[dtype] = int((weight.detach() != start.to(dtype)).sum())
-    assert moved[torch.bfloat16] == 0
-    assert moved[torch.float32] == 256
+def _bundled_tokenizer():
+    from transformers import AutoTokenizer
+
+    from wim.models import BUNDLED_POLICY, resolve_causal_lm
+
+    return AutoTokenizer.from_pretrained(resolve_causal_lm(BUNDLED_POLICY))
 
 
-def test_lora_on_a_quantized_base_goes_back_to_float32() -> None:
-    """TRL casts the trainable weights of a quantized base to bfloat16 (as below);
-    keep_lora_float32 restores float32 and leaves the frozen base as it is. On a base that is
-    not quantized it changes nothing."""
-    from peft import LoraConfig, get_peft_model
+def test_lora_on_a_quantized_base_trains_in_float32(tmp_path: Path) -> None:
+    """QLoRA through `train_dpo_model`: TRL casts the trainable weights of a quantized base to
+    bfloat16, where AdamW's step at DPO's learning rate (5e-7, the paper's) is under half an
+    ulp of a LoRA A weight, so A never moves. wim casts them back before the optimizer exists:
+    after two steps (B is zero at the first, so A's gradient is too) most A weights moved.
+    A CPU has no bitsandbytes kernels: the tiny bfloat16 base carries the flag transformers sets
+    on a bitsandbytes model (8-bit's: TRL and wim treat it as 4-bit's, and transformers' parameter
+    count imports bitsandbytes for 4-bit's only); TRL's cast and wim's training are the real
+    ones."""
+    from training.train import train_dpo_model
 
-    from training.placement import keep_lora_float32
-
-    for quantized in (True, False):
-        base = _tiny_llama(torch.bfloat16)
-        base.is_loaded_in_4bit = quantized  # what transformers sets on a bitsandbytes model
-        model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-        for param in model.parameters():
-            if param.requires_grad:
-                param.data = param.data.to(torch.bfloat16)  # as TRL does for QLoRA
-        keep_lora_float32(model)
-        trained = {p.dtype for p in model.parameters() if p.requires_grad}
-        frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
-        assert trained == ({torch.float32} if quantized else {torch.bfloat16})
-        assert frozen == {torch.bfloat16}
+    tokenizer = _bundled_tokenizer()
+    base = _tiny_llama(torch.bfloat16, vocab_size=len(tokenizer))
+    base.is_loaded_in_8bit = True  # what transformers sets on a bitsandbytes 8-bit model
+    cfg = load_config(QUICKSTART, ["policy.dtype=bfloat16", "dpo.learning_rate=5e-7",
+                                   "dpo.max_steps=2", "dpo.per_device_train_batch_size=2",
+                                   "dpo.max_length=64", "dpo.save_steps=0",
+                                   "lora.target_modules=[q_proj,v_proj]"])
+    write_pair_rows(tmp_path / "pairs.jsonl", GOOD_VS_GARBAGE[:4])
+    metrics, trained = train_dpo_model(cfg, tmp_path / "pairs.jsonl", tmp_path / "train",
+                                       progress=False, lm=(base, tokenizer))
+    assert metrics["train/steps"] == 2 and metrics["train/compute_dtype"] == "bfloat16"
+    assert metrics["train/lora_dtype"] == "float32"
+    start = torch.load(tmp_path / "train/trainer/lora_init.pt")
+    a_weights = {n: p for n, p in trained.named_parameters() if "lora_A" in n}
+    assert a_weights
+    for name, weight in a_weights.items():
+        moved = (weight.detach().cpu() != start[name]).float().mean()
+        assert moved > 0.5, f"{name}: {moved:.0%} of its weights moved"
 
 
 def test_online_dpo_samples_with_a_kv_cache_while_checkpointing(tmp_path: Path) -> None:
-    """TRL turns the cache off for sampling when gradient checkpointing is on (several times
-    slower); wim's generation settings turn it back on."""
-    from transformers import AutoTokenizer
-
-    from training.online_trainer import WimOnlineDPOTrainer
-    from training.trl_config import online_dpo_config
-    from wim.models import BUNDLED_POLICY, resolve_causal_lm
-
-    cfg = load_config(QUICKSTART, ["training.gradient_checkpointing=true", "policy.dtype=float32"])
-    args = online_dpo_config(cfg, tmp_path, progress=False)
-    assert args.gradient_checkpointing
-    tokenizer = AutoTokenizer.from_pretrained(resolve_causal_lm(BUNDLED_POLICY))
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32,
-                                         intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    """One step of wim's online trainer, built as online_run builds it, with gradient
+    checkpointing on. TRL then samples without a KV cache (every new token re-reads the whole
+    sequence: several times slower); wim's generation settings keep the cache. Seen in the
+    model's forwards while sampling: after the prompt, one new token each."""
     import datasets
 
+    from training.online_trainer import PairChoice, WimOnlineDPOTrainer
+    from training.train import lora_config
+    from training.trl_config import online_dpo_config
+
+    new_tokens = 6
+    cfg = load_config(QUICKSTART, ["training.gradient_checkpointing=true", "policy.dtype=float32",
+                                   f"training.online_max_new_tokens={new_tokens}",
+                                   "dpo.max_steps=1", "dpo.per_device_train_batch_size=1",
+                                   "lora.target_modules=[q_proj,v_proj]"])
+    tokenizer = _bundled_tokenizer()
+    model = _tiny_llama(vocab_size=len(tokenizer))
+
     class Reward:
+        """Stands in for WimReward (a judge and an embedder): equal scores, the pair kept."""
         __name__ = "reward"
 
         def __call__(self, prompts, completions, **kwargs):
             return [0.0] * len(prompts)
 
         def take_choice(self):
-            return None
+            return PairChoice(first_chosen=[True], keep=[True])
 
+    args = online_dpo_config(cfg, tmp_path, progress=False)
     trainer = WimOnlineDPOTrainer(
-        model=model, reward_funcs=[Reward()],
-        args=args, processing_class=tokenizer,
-        train_dataset=datasets.Dataset.from_list([{"prompt": "Hi"}]))
-    assert trainer.generation_config.use_cache is True
+        model=model, reward_funcs=[Reward()], args=args, processing_class=tokenizer,
+        train_dataset=datasets.Dataset.from_list([{"prompt": "What do bees make?"}]),
+        peft_config=lora_config(cfg))
+    sampled = []  # the length of each forward's input while sampling (no gradient)
+    model.model.embed_tokens.register_forward_pre_hook(
+        lambda module, args: sampled.append(args[0].shape[1])
+        if not torch.is_grad_enabled() else None)
+    trainer.train()
+    assert trainer.state.global_step == 1 and args.gradient_checkpointing
+    prompt, *decoded = sampled[:new_tokens]
+    assert prompt > 1 and decoded == [1] * (new_tokens - 1), sampled
 
 
 def test_a_resumed_rank_loads_the_initial_weights_where_it_can(tmp_path: Path,

@@ -114,7 +114,6 @@ def test_online_sampling_settings_reach_online_dpo_config(tmp_path) -> None:
                     tmp_path)
     assert (args.max_new_tokens, args.temperature, args.top_p) == (9, 0.5, 0.8)
     assert (args.loss_type, args.save_strategy) == ("sigmoid", "no")
-    assert args.generation_kwargs == {"use_cache": True}
 
 
 def test_both_modes_take_the_shared_settings_alike(tmp_path, monkeypatch) -> None:
