@@ -63,7 +63,8 @@ REAL_MODEL_FIXTURES = {"embedder", "bundled", "backend", "server_url", "finished
 
 # Session fixtures that start a server or make a run: under `pytest -n 2 --dist loadgroup`
 # (make test) the tests using one go to the same worker, so each is made once per test run.
-# The vLLM pooling server of test_score_vllm.py joins the vLLM group: one vLLM at a time.
+# The vLLM pooling server of test_score_vllm.py joins the vLLM group: one vLLM at a time
+# (so does test_judge_batch.py's `vllm run_batch` test, by its own xdist_group mark).
 SHARED_FIXTURE_GROUPS = {"vllm_server": "vllm", "server_url": "llama_server",
                          "finished_run": "finished_run", "trained_adapter": "trained_adapter"}
 FILE_GROUPS = {"test_score_vllm.py": "vllm"}
@@ -218,6 +219,16 @@ def server_url(tmp_path_factory):
             proc.wait()
 
 
+def need_vllm_venv(python: Path) -> None:
+    """Skip the test when the vLLM venv (`python`, its interpreter) is missing; under
+    WIM_REQUIRE_VLLM=1 (CI) fail it instead, so a run without vLLM cannot pass as complete."""
+    if not python.exists():
+        message = f"needs the vLLM venv {python.parents[1]}: make install-vllm"
+        if os.environ.get("WIM_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 @dataclass(frozen=True)
 class VLLMServer:
     url: str
@@ -244,11 +255,7 @@ def vllm_server(tmp_path_factory):
         yield VLLMServer(os.environ["WIM_VLLM_URL"].rstrip("/"), launcher.SERVED_NAME,
                          resolve_causal_lm("bundled:smollm2-135m-instruct"), Path(os.devnull))
         return
-    if not launcher.DEFAULT_PYTHON.exists():
-        message = f"needs the vLLM venv {launcher.DEFAULT_PYTHON.parents[1]}: make install-vllm"
-        if os.environ.get("WIM_REQUIRE_VLLM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    need_vllm_venv(launcher.DEFAULT_PYTHON)
     port = launcher.free_port()
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     model_dir = resolve_causal_lm("bundled:smollm2-135m-instruct")

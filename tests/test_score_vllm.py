@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, ROOT, SHRUNK, run_wim, sets, tools_launcher
+from conftest import QUICKSTART, ROOT, SHRUNK, need_vllm_venv, run_wim, sets, tools_launcher
 
 from wim.records import read_records
 
@@ -40,11 +40,7 @@ def _start(port: int, log: Path):
     from wim.models import resolve_embedder
 
     launcher = _launcher()
-    if not launcher.DEFAULT_PYTHON.exists():
-        message = f"needs the vLLM venv {launcher.DEFAULT_PYTHON.parents[1]}: make install-vllm"
-        if os.environ.get("WIM_REQUIRE_VLLM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    need_vllm_venv(launcher.DEFAULT_PYTHON)
     proc = launcher.start(resolve_embedder("bundled:all-minilm-l6-v2"), port, log)
     url = f"http://127.0.0.1:{port}/v1"
     try:

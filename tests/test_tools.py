@@ -1,11 +1,13 @@
 """The install-time llama.cpp smoke check turns a native crash into a clear install failure;
-the server launcher's wait (tools/vllm_server.py, also the tests' llama-cpp-python fixture)."""
+the server launcher's wait (tools/vllm_server.py, also the tests' llama-cpp-python fixture) and
+its `run`, which leaves no child process behind when it times out."""
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,33 @@ def test_wait_ready_names_a_server_that_exited_and_shows_its_log(tmp_path: Path)
     with pytest.raises(RuntimeError, match=r"(?s)llama_cpp.server exited with 3:.*no model here"):
         tools_launcher().wait_ready(f"http://127.0.0.1:{free_port()}/v1", proc, log, timeout_s=5,
                                name="llama_cpp.server", poll_s=0.1)
+
+
+def _alive(pid: int) -> bool:
+    """A process that has not ended (a zombie has ended, only not been reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_run_that_times_out_leaves_no_child_behind(tmp_path: Path) -> None:
+    """As `vllm run_batch` does, the command starts a child of its own (vLLM's engine) and the
+    child outlives it unless its whole process group is killed."""
+    child_pid = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+              "time.sleep(600)\n")
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        tools_launcher().run([sys.executable, "-c", script], tmp_path / "log", timeout_s=5)
+    assert time.monotonic() - start < 30
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 5  # SIGKILL is asynchronous
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), f"the command's child {pid} is still running"
 
 
 def test_test_cost_sums_a_real_junit_file_and_holds_the_budget(tmp_path: Path) -> None:

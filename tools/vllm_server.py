@@ -1,7 +1,8 @@
 """Start, wait for and stop a vLLM OpenAI-compatible server (the CPU build in `.venv-vllm`).
 
 Used by `make install-vllm` (the smoke check: `python tools/vllm_server.py`), by the test
-suite's session fixture (tests/conftest.py: `vllm_server`) and by the generation benchmark.
+suite's session fixture (tests/conftest.py: `vllm_server`) and by the generation benchmark;
+`run` runs a vLLM command to its end (the tests' `vllm run_batch`).
 vLLM lives in a venv of its own (it pins transformers<5.20), so it always runs as a child
 process of that venv's python, never imported here.
 
@@ -82,18 +83,47 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: floa
         time.sleep(poll_s)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 30 s (vLLM's engine runs in a child process of its own)."""
+def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """Stop `proc` and its process group (start it with start_new_session=True): SIGTERM, SIGKILL
+    after `grace_s`, then SIGKILL to whatever of the group is left. vLLM's engine runs in a
+    child process of its own, which outlives a killed server unless its group is killed."""
     import signal
 
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # An engine still running after its server ended: a few seconds to finish, then killed.
+    deadline = time.monotonic() + 5
+    while _signal_group(proc.pid, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the group; False when no process of it is left."""
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run(cmd: list[str], log_path: Path, timeout_s: float, env: dict | None = None) -> int:
+    """Run a vLLM command to its end (e.g. `vllm.entrypoints.openai.run_batch`) in a process
+    group of its own, its output in `log_path`; return its exit code. On every way out (done,
+    `subprocess.TimeoutExpired` after `timeout_s`, an interrupt, an error) its group is
+    stopped, so no engine process is left behind."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        stop(proc, grace_s=10)
 
 
 def main() -> int:
