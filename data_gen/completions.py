@@ -1,5 +1,8 @@
 """DIR/dataset/: the pairs and every judgement, in the Hub's layout, for `export.push_to_hub`
 (docs/design.md, "Responses from a source, and the dataset card").
+
+It exists so that a user can re-rank or re-score every response; the ranks are the only values
+added to scores.jsonl's.
 """
 
 from __future__ import annotations

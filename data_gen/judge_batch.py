@@ -3,6 +3,10 @@ http judge's requests written as OpenAI Batch JSONL and their answers taken back
 live judge's own code (docs/design.md, "Judging", "Batch files"). With `--batch-submit`
 (batch_submit.py) the answers of every round are taken in, and the requests still without one
 are written as the next round (`next_round`): the same bodies, never one already answered.
+
+While writing, the `BatchClient` answers every recorded request with a failure, so nothing is
+recorded until the answers are ingested; custom_id being the record key makes ingestion
+idempotent.
 """
 
 from __future__ import annotations

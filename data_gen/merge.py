@@ -1,5 +1,8 @@
 """`wim merge`: join shard run directories (one config, distinct indices, no key twice) into
 one, samples.jsonl and judgements.jsonl written in key order as the shards' files are read.
+
+Every shard of the split must be given unless `--allow-partial`; `wim run CONFIG --out MERGED`
+goes on from the merged folder (docs/design.md, "The run directory").
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """`wim validity CONFIG`: scorer validity on gold preference pairs, in the manner of RewardBench:
 fewer ties only help if the winner is right (docs/design.md, "Held-out evaluation, arms, scorer
 validity"; the table: validity_table.py).
+
+The systems ranked are numeric (zeta 0), WIM (zeta 1) and the mixes at `scoring.report_zetas`,
+`scoring.zeta` and `eval.compare_zetas`. A gold file is .jsonl or .json; its rows may carry an
+optional `id` and `domain`. The bundled set's 48 pairs are 6 in each of the 8 bundled domains.
 """
 
 from __future__ import annotations

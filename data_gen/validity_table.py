@@ -119,7 +119,9 @@ def _row(cfg: Config, domains: list[str], outcomes: list[float | None]) -> dict:
 def paired_vs_numeric(system: list[float | None], numeric: list[float | None]) -> dict:
     """One system against numeric on the pairs both scored: the accuracy difference (ties half)
     with the t-test of the per-pair differences and its own 95% interval (why not McNemar:
-    docs/design.md, "Held-out evaluation, arms, scorer validity")."""
+    docs/design.md, "Held-out evaluation, arms, scorer validity": the exact McNemar test it
+    replaced counted only "strictly right", and so called 12 pairs scored as a tie against a
+    wrong numeric ranking no difference at all)."""
     both = [(a, b) for a, b in zip(system, numeric, strict=True)
             if a is not None and b is not None]
     diffs = [a - b for a, b in both]

@@ -1,5 +1,18 @@
 """`wim compare CONFIG --out DIR`: numeric, WIM, mixed and random-preference arms, side by side.
-More: docs/design.md, "Module notes".
+
+All arms share one generation and one judging pass (DIR/shared, a run directory); only scoring,
+pairing and training differ, with the same seed and step budget:
+- `numeric`: zeta 0 (the rating alone);
+- `wim`: zeta 1 (the critique similarity alone);
+- `mixed-<z>`: each zeta of `eval.compare_zetas` (0.4 by default);
+- `random`: the control: the WIM arm's pairs with chosen and rejected swapped by a seeded coin,
+  so the same texts carry no preference signal.
+Each arm is a run directory DIR/arms/<name> (score, pairs, train). Then every arm's policy and
+the base answer the held-out prompts, and the blind evaluator compares each arm with the base
+and with every other arm; Holm's correction runs over all of those comparisons at once. The
+primary comparison, WIM arm against numeric arm, is fixed in advance and reported first with
+its own unadjusted test.
+Written: DIR/compare.json, DIR/compare.md, DIR/eval/answers.jsonl, DIR/eval/verdicts.jsonl.
 """
 
 from __future__ import annotations
@@ -146,7 +159,7 @@ def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) 
     pairs = [(f"{n} vs base", n, "base") for n in names]
     pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)
               if {a, b} != {"wim", "numeric"}]
-    # The primary comparison, fixed before any verdict (docs/design.md, "Module notes").
+    # The primary comparison, fixed before any verdict (the module docstring).
     primary = None
     if {"wim", "numeric"} <= set(names):
         pairs.insert(0, (PRIMARY, "wim", "numeric"))

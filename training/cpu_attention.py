@@ -1,5 +1,23 @@
 """Which attention DPO trains with on a CPU in bfloat16: transformers' eager attention, not SDPA.
-More: docs/design.md, "Module notes".
+
+PyTorch's CPU flash-attention kernel (what SDPA runs there, torch 2.13) is no faster in bfloat16
+than in float32 forward, and its backward is *slower* in bfloat16. Under bfloat16 autocast that
+backward was the largest cost of a DPO step after the matrix products. Eager attention (two
+batched matrix products in bfloat16 around a float32 softmax) has no such kernel: quickstart
+DPO steps are faster with it in bfloat16, while in float32 the two are within noise
+(`bench_dtype.py --parts attn`, tests/benchmarks/results/dtype_attention.txt).
+So a bfloat16 model on a CPU trains with eager attention, for the duration of the `with`;
+sampling and judging, which run outside it, keep SDPA, and so does every model on a GPU or in
+float32. Eager attention keeps each layer's `[batch, heads, length, length]` probabilities for
+the backward, so sequences longer than `EAGER_MAX_LENGTH` keep SDPA, whose memory grows with
+the length, not its square (a bound chosen, not measured: 1.1 GB for SmolLM2-135M at batch 8).
+
+The eager attention used is `bfloat16_eager_attention`, registered with transformers as
+`BFLOAT16_EAGER`: transformers' eager computes the softmax in float32 and casts its
+`[batch, heads, length, length]` probabilities back, two conversions forward and two backward;
+here the softmax reads and writes bfloat16 (it still sums in float32, and eager rounds its
+probabilities to bfloat16 as well), and the query heads that share a key/value head are one
+matrix product, without `repeat_kv`'s copies.
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """Per-token log-probabilities through the LM head on a CPU, one token tile at a time.
-More: docs/design.md, "Module notes".
+
+The same quantity as TRL's `trl.kernels.ChunkedLogProbFunction` (log p(target), and on request
+the entropy, log sum p^2, the mean logit and whether the target is the first argmax), computed
+without the `[tokens, vocabulary]` logits: the head is applied in `VOCAB_TILE`-column tiles and
+folded into online-logsumexp statistics; the backward recomputes each tile. What differs from
+TRL's torch fallback is the arithmetic a CPU pays for (tests/benchmarks/bench_cpu_head.py):
+
+- fewer passes over each tile (a dozen in TRL's fold, five here);
+- in bfloat16, the gradient of the hidden states is one bfloat16 product over the whole
+  vocabulary (the GEMM accumulates in float32 and rounds once), where TRL upcasts every tile and
+  its weights to float32 for the product (`_addmm_fp32`; its `out_dtype` path is CUDA-only).
+  Like TRL, it never rounds a partial sum over vocabulary tiles to bfloat16.
+
+Float32 inputs give TRL's values to float rounding (tests/training/test_cpu_logprobs.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """The offline DPO trainer: TRL's DPOTrainer with the compact CPU head from its first forward on.
-More: docs/design.md, "Module notes".
+
+TRL patches its fused LM head onto the model and, with `precompute_ref_log_probs`, runs the whole
+reference pass inside `__init__`, before a caller could touch the trainer. `WimDPOTrainer` puts
+the compact head (training/cpu_head.py) on right before that pass and after `__init__` (where
+there is no pass), so on a device without Triton every log-probability, the precomputed
+reference's included, comes from the completion tokens only. No attribute of TRL's modules is
+touched; on CUDA and XPU `use_compact_head` changes nothing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """`wim export DIR --merged OUT`: the base model with the run's last adapter merged in, saved
 as a plain transformers folder that loads without peft (docs/design.md, "Training: rounds,
 online DPO, devices").
+
+OUT loads with `AutoModelForCausalLM.from_pretrained(OUT)` without peft; the adapter merged is
+that of the last round that trained one, else `DIR/train/adapter`.
 """
 
 from __future__ import annotations

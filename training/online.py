@@ -1,5 +1,26 @@
 """Online DPO (`training.mode: online`): TRL's OnlineDPOTrainer with the WIM score as reward.
-More: docs/design.md, "Module notes".
+
+Each step the live policy samples two completions per prompt; the judge (`judge.role: fixed`:
+the same weights with the adapter off; `changing`: the live model, adapter on) judges both, and
+their WIM score (`scoring.zeta`, the same formula and embedder as offline) is the reward. The
+higher score is chosen.
+
+What TRL does not do, done here:
+- Ties. Two scores within `pairs.tie_tolerance` on the 1-10 scale tie (TRL compares exactly).
+  `training.online_tie_policy: first` trains the tie with the first completion as chosen (the
+  authors' code); `drop` takes the pair out of the loss. Either way the ties are counted
+  (`wim/ties` per step; `online/ties` in total).
+- Failed judgements. TRL turns a None reward into NaN and then into 0, a silent neutral score.
+  Here the reward function never returns None: with `judge.on_parse_failure: exclude` a pair
+  with a failed judgement is taken out of the loss; with `authors` it is scored by the authors'
+  fallback. Both are counted (`wim/failed`, `wim/fallback`).
+- The paper's statistics per step, from the same judgements: tie rate and winner-loser delta
+  for numeric (the rating) and WIM (the similarity), on the 1-10 scale.
+
+The trainer is `WimOnlineDPOTrainer` (training/online_trainer.py), a subclass of TRL's whose
+`training_step` takes each pair's verdict from `WimReward.take_choice()` (`choose_pair`): the
+higher score is chosen, a tie within `pairs.tie_tolerance` goes to the first completion or out
+of the loss, and the loss is the mean over the kept pairs of the step on every rank.
 """
 
 from __future__ import annotations

@@ -1,6 +1,23 @@
 """The online DPO trainer: TRL 1.16's OnlineDPOTrainer with our pair rule and a loss that is the
 mean over the pairs kept in a step.
-More: docs/design.md, "Module notes".
+
+TRL picks chosen and rejected by an exact comparison of the rewards and averages the loss over
+every pair; it cannot leave a pair out. `WimOnlineDPOTrainer` overrides `training_step` only. It
+reuses TRL's `_generate`, `_forward` and `_calculate_rewards_from_functions`, and takes the
+verdict on each pair (which side is chosen, whether it trains) from its reward function's
+`take_choice()`. No attribute of TRL's modules is touched.
+
+The loss of one optimizer step is the mean of the per-pair sigmoid DPO loss over the pairs kept
+in that step, over every micro-batch of gradient accumulation and every rank (`KeptPairMean`).
+A step that keeps no pair anywhere leaves the weights and the optimizer state as they were:
+every gradient is set to None, and torch's optimizers skip a parameter without a gradient
+(AdamW would otherwise move the weights with its stored momentum). Such a step still counts:
+global_step, max_steps and the learning-rate schedule advance as for any other step (the
+schedule is in steps, not in updates), and it logs loss 0 and grad_norm 0.
+
+The override is a copy of TRL 1.16's `training_step` minus what we do not use (vLLM, images,
+the IPO loss, the missing-EOS penalty, fp16), each refused in `__init__`; hence the pin
+`trl<1.17` and the version check in `__init__` (`TRL_CHECKED`).
 """
 
 from __future__ import annotations

@@ -80,8 +80,10 @@ def train_dpo_model(
     `lm`: (model, tokenizer) already in memory, trained in place (docs/design.md, "Training:
     rounds, online DPO, devices"); without it the policy is loaded in `policy.dtype`.
     `train/lora_delta_norm` is the L2 change of the LoRA weights (> 0 once anything was
-    learned). Checkpoints (`out_dir/trainer/checkpoint-*`) are resumed only by a training with
-    the same `resume_key` (the caller's hash of the config and pairs), else deleted.
+    learned); a resumed training measures it from the start weights kept in
+    `train/trainer/lora_init.pt`. Checkpoints (`out_dir/trainer/checkpoint-*`) are resumed only
+    by a training with the same `resume_key` (the caller's hash of the config and pairs), else
+    deleted.
     Raises InputError without pairs, ConfigError when `cfg.dpo.extra` names a non-DPOConfig field.
     """
     from training.dpo_trainer import WimDPOTrainer

@@ -1,5 +1,11 @@
 """Inputs longer than the model's context: cut from the middle to fit, or skip.
-More: docs/design.md, "Module notes".
+
+A prompt whose tokens do not fit in `budget` (the context minus the tokens to generate, or a
+configured cap) is, by the rule `truncate`, cut from the middle: the longest head and tail that
+fit together are kept, joined by a visible marker, so the instructions at the start and the
+question at the end both survive. By the rule `skip`, or when even the marker alone does not
+fit, the input is left out. Either way the caller counts it; it never runs as if nothing
+happened (a model past its context writes empty or garbled text).
 """
 
 from __future__ import annotations

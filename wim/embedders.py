@@ -1,5 +1,10 @@
 """Sentence embedders for the WIM similarity: in process (sentence-transformers) or on an
-OpenAI-compatible `/v1/embeddings` server. More: docs/design.md, "Module notes".
+OpenAI-compatible `/v1/embeddings` server (vLLM `--runner pooling`, TEI, OpenAI).
+
+Both return unit-length float32 vectors, one row per text, and carry an `identity`: the string
+that names what computed the vectors (backend, model, dtype). The score stage keys every
+stored similarity by it, so vectors of another embedder or dtype never mix with stored ones.
+`open_embedder` builds either from the config: the one place that does.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """One base class for user errors, so the CLI can tell them from bugs.
-More: docs/design.md, "Module notes".
+
+A `WimError` is the user's to fix (a config value, an input file, a run directory, a model that
+is not installed): the CLI prints its message as one paragraph and exits with code 2.
+`StageIncomplete` is neither: nothing is wrong with the input, and the same command will finish
+the work (exit 3). Any other exception, including a ValueError raised inside transformers or
+TRL, is a bug or a library failure and keeps its traceback. This module imports nothing, so
+every module can use it.
 """
 
 

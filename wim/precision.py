@@ -1,5 +1,10 @@
 """Which floating-point type a local model computes in: `dtype: auto | float32 | bfloat16`.
-More: docs/design.md, "Module notes".
+
+`auto` is bfloat16 only where the device computes it natively: on a GPU from Ampere on, on a CPU
+with AMX tiles or AVX512-BF16 (as torch reports them); elsewhere (older GPUs included) bfloat16 is
+emulated and slower than float32, so float32 stays. `pick_dtype` is the pure rule; `machine()` asks
+torch what this machine has. The in-process embedder follows it too (`scoring.dtype`,
+wim/embedders.py); its dtype is part of each stored similarity's key, so dtypes never mix.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Keyed JSONL files: appended record by record, resumable after a crash.
-More: docs/design.md, "Module notes".
+
+A process killed mid-write (or a disk that fills up mid-line) leaves at most one torn last
+line. Readers ignore it and `JsonlAppender` cuts it off before writing, so a resumed stage
+neither loses nor duplicates a record. A malformed line anywhere else is real corruption and an
+error, and so is a key that appears twice (`read_keyed`): we refuse such a file rather than
+guess which copy is right.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """WIM scores (Stranges & Yang, 2026), exactly as the authors' public formula.
-More: docs/design.md, "Module notes".
+
+    rating_norm = (N - 5) / 5                       for an integer rating N in 1..10
+    similarity  = cos(E(response), E(critique))     1.0 when nothing is missing
+    score       = (1 - zeta) * rating_norm + zeta * similarity
+
+zeta = 1 is pure WIM, zeta = 0 pure numeric. Reports put every score on one 1-10 scale
+with `x * 5 + 5`, so numeric and WIM deltas compare directly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """Responses that already exist (`generation.source`): read them instead of sampling.
-More: docs/design.md, "Module notes".
+
+A source is a .jsonl/.json/.csv/.parquet file, a folder saved with `datasets`' `save_to_disk`,
+or a `datasets` name (read by wim/rows.py's row reader, so prompts are checked the same way
+as `prompts.source`: a string or chat messages ending on a user turn, optional id and domain).
+Three shapes (`generation.source_shape`; `auto` picks one by the columns):
+- `responses`: a prompt and a list of responses (strings, or objects with a model name and a
+  response);
+- `ultrafeedback`: a prompt (or UltraFeedback's `instruction`) and `completions`, objects with
+  `model`, `response` and optionally a rating (`overall_score`);
+- `preference`: prompt, chosen and rejected (strings, or TRL's chat lists); the two sides
+  become samples 0 and 1 and keep their label.
+Column and key names are configurable (`generation.source_columns`). A bad row raises
+`SourceError` naming the file, the row and what was expected; a prompt with fewer than two
+responses is counted and left out (it cannot give a pair).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ call time. Adding a stage: an entry here and a module with `run_stage` (data_gen
 
 A stage's runner is named by its module, not imported: wim imports neither data_gen nor
 training (docs/design.md, "Layout"); the pipeline imports a stage's module when it runs it.
+tests/test_stage_registry.py adds a fake stage to the table and sees it as a command, run,
+fingerprinted and reported. The eval stage (training/evaluate.py, also `wim eval DIR`) runs when
+the config holds prompts out (`prompts.holdout`) and `eval.in_run` is on; the report shows its
+eval.json first.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """Text generation backends: one small interface (base.py) used for both sampling and judging.
-More: docs/design.md, "Module notes".
+
+- `TransformersBackend` (transformers_backend.py): any causal LM on this machine, batched.
+- `LlamaCppBackend` (llama_cpp_backend.py): llama-cpp-python, the fast choice on CPU.
+- `HTTPBackend` (http_backend.py): any OpenAI-compatible server (vLLM, SGLang, TGI,
+  llama.cpp server, OpenAI), concurrent, with retries and round-robin base URLs.
+
+`open_backend` builds one from config; the llama.cpp and HTTP modules are imported only when
+used, so the optional llama-cpp-python stays optional.
 """
 
 from __future__ import annotations

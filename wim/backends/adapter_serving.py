@@ -1,5 +1,15 @@
 """LoRA adapters served by the policy's vLLM server (`http.adapter_serving: vllm`).
-More: docs/design.md, "Module notes".
+
+After a round's training the run registers the new adapter with every base URL
+(`POST /v1/load_lora_adapter`, vLLM started with `--enable-lora` and
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); requests with `"model": <name>` then use it. The name
+holds a hash of the run folder, the round and the first bytes of the adapter's sha256, so two
+runs on one server never share a name, and a round trained again gets a new name rather than
+the old weights. Registering a name the server already holds ("has already been loaded": a
+resumed run) is fine.
+
+The server reads the adapter folder itself: `http.server_paths` maps this machine's paths to
+the server's view of them (a shared mount).
 """
 
 from __future__ import annotations

@@ -1,6 +1,14 @@
 """What the transformers backend hands `generate`: its end tokens, and a sampler that draws
 among the tokens top-k and top-p keep (docs/design.md, "Backends").
-More: docs/design.md, "Module notes".
+
+Decoding is transformers' own `generate`: a loop of our own did not earn its place over it
+(tests/benchmarks/results/judge_96_float32.txt, quickstart_loop_deletion.txt). Its sampling is
+slow on a CPU twice over: its top-p sorts the whole vocabulary although top-k left about k
+tokens, and `torch.multinomial` draws an exponential for every vocabulary entry of every row
+(docs/benchmarks.md, "Decoding and sampling"). So `CandidateSampler` draws over the kept tokens
+only, with generate's probabilities (tests/wim/test_prefix_cache.py) but its own use of the
+random numbers: a seed gives its own tokens, not generate's. With a generation config setting
+that it does not apply (`unsupported_settings`), `generate` samples with its own warpers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,15 @@
 """Attention for one new token at a time on a CPU: two matrix products instead of SDPA's kernel.
-More: docs/design.md, "Module notes".
+
+PyTorch's CPU flash-attention kernel (what SDPA runs there, torch 2.13) is slow for one query
+row, most of all in bfloat16 (hardly faster than in float32); two matrix products around a
+float32 softmax are faster for SmolLM2-135M's heads at 8-32 rows x 120-1100 cached positions in
+both dtypes (tests/benchmarks/bench_decode_attention.py, results/decode_attention.txt). The
+arithmetic is transformers' eager attention's (scores rounded to the model's dtype, softmax in
+float32) without its copies of the key/value heads; any other call (prompt prefill) stays
+SDPA, the faster one there, and training never runs under it (`decoding_attention` switches it
+on for a `with` only). In bfloat16 the rounded scores change some greedy outputs against SDPA's
+(docs/benchmarks.md); in float32 the two agree to float rounding
+(tests/wim/test_decode_attention.py).
 """
 
 from __future__ import annotations

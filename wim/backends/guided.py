@@ -1,5 +1,19 @@
 """Guided judge format for local transformers judges, in one generate call.
-More: docs/design.md, "Module notes".
+
+The judge's assistant turn starts with "Missing:" (prefill). `FormatGuide` lets each row write
+one line of critique (which may not start with a newline or a number: a critique that starts
+"10 = ..." copies the rating scale), then forces the tokens of "Rating:" and allows a few digit
+tokens for the number (as a server's JSON schema asks for an integer). Without it, the rating
+would need a second call that re-reads the whole prompt, and on a CPU reading the prompt costs
+more than writing the answer. The guide only decides *where* the rating goes and that it is
+written in digits; which number is the model's choice, and the parser still checks it (0 or
+11 still fail).
+
+With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings
+(a token trie): the model's most likely valid choice is taken, the rest of the vocabulary is
+masked. With `record=True` each row also keeps that step's distribution: the log-softmax of the
+model's logits over the allowed first tokens of the choices (`_Row.value_top`, at generated
+position `_Row.value_position`), which the backend returns as `Completion.top_logprobs`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,27 @@
 """Generation over HTTP from OpenAI-compatible servers (vLLM, SGLang, TGI, llama.cpp, OpenAI).
-More: docs/design.md, "Module notes".
+
+The transport is wim/backends/http_client.py (one per backend): its in-flight cap is shared
+by every `generate` call from any thread (the stages run several batches at once,
+data_gen/flow.py); retries, failover, rate limits and the per-URL counts are the client's.
+
+Samples of one prompt come from one request with `n=k` (vLLM, SGLang and OpenAI take it; the
+server then reads the prompt once). A server that refuses `n` (a 4xx naming it) or answers
+with fewer choices gets the missing samples as single requests (`n=1`) from then on, counted
+(`stats["n_fallback"]`). A failed request becomes `Completion(ok=False, error=...)`: the
+backend never raises for a request and never waits without a timeout.
+
+Guided judge format (`SamplingParams.json_schema`): a `response_format` in OpenAI's form
+(`{"type": "json_schema", ...}`: vLLM, SGLang, OpenAI, llama.cpp's llama-server), once refused
+the `{"type": "json_object", "schema": ...}` form (llama-cpp-python's server, llama-server),
+then none (plain text). A refusal is a 4xx whose body names the format, or a 5xx that names
+`response_format` (llama-cpp-python answers an unknown format type with a 500); it is
+remembered for the backend's lifetime, counted (`stats["guided_refused"]`), and not a retry.
+
+Refused request fields (`max_tokens`, `temperature`, `top_p`, `logprobs`): see
+wim/backends/http_fields.py and docs/design.md, "Judging". A reply's `reasoning` (or
+`reasoning_content`) field becomes `Completion.reasoning`, its `finish_reason` and
+`reasoning_tokens` are kept, and a null `content` is an empty text where the server says the
+reply was cut (`finish_reason: "length"`) or gave reasoning; otherwise it is malformed.
 """
 
 from __future__ import annotations
@@ -20,7 +42,7 @@ _NOT_SENT = Completion("", ok=False, error=_N_REFUSED)  # n > 1 not sent: refuse
 # A refusal of n names the field: "'n' must be 1", "n must be 1", "unsupported parameter: n".
 _NAMES_N = re.compile(r"""['"`]n['"`]|\bn (?:must|should|is|>|<|=)|\bn\s*[:=]|parameter:? n\b""")
 
-# The forms of `response_format` tried in order (docs/design.md, "Module notes").
+# The forms of `response_format` tried in order (the module docstring, "Guided judge format").
 GUIDED_FORMS = ("json_schema", "json_object")
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
 

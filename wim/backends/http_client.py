@@ -1,6 +1,35 @@
 """The transport of the HTTP backends and the HTTP embedder: JSON POSTs to one or more base
-URLs from any thread, every request of every caller under one in-flight cap.
-More: docs/design.md, "Module notes".
+URLs from any thread, every request of every caller under one in-flight cap (docs/design.md,
+"Backends", says why each rule is there).
+
+aiohttp on an asyncio event loop in one background thread per client: of the HTTP clients, it
+costs the least CPU per request, and on a driver's few cores that CPU decides how many requests
+a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py). Callers in other
+threads hand it work and wait (`post_json`, `post_many`, `run`); coroutines on its loop
+(`request`) share `concurrency` slots over all base URLs, first come, first served (a stage's
+earlier batches go first), so a finished request is replaced at once from whichever caller.
+
+An attempt holds a slot, a backoff does not. A connect error, a dropped connection, a timeout
+(`timeout_s` bounds the whole reply, so a server that trickles bytes cannot hold a slot), a
+5xx or a body its `parse` calls malformed is retried with exponential backoff on the next base
+URL; 4xx are not. After `max_retries` retries it comes back as a `Failure`: nothing here raises
+for a request. Rate limits (`Limits`, http_limits.py) hold the whole client: a 429 pauses
+every request until the server's `Retry-After` and is sent again, not as a retry (unless it
+says `insufficient_quota`); budgets pace the sends; under `concurrency="auto"` each URL has
+its own limit and a request goes to the freest.
+
+A URL that refuses connections (or cannot be reached) is down for a cooldown (2 s, doubling
+while it stays down, at most 60 s) and requests go round-robin over the others; one that could
+not connect reached no server, so it moves to an up URL at once, without a backoff or a retry
+(a failover, once per other URL). After the cooldown one request probes the URL; a success
+brings it back. When every URL is down, requests go round-robin over all and wait out backoffs.
+
+Counts (`stats`; the stages report them as `http/<role>/<name>`): `requests` (attempts sent),
+`retries`, `failures` (requests given up), `failovers`; per base URL, by its position,
+`url<i>_requests`, `url<i>_errors` (failed attempts), `url<i>_down` (times marked down);
+`Limits` adds `rate_limited`, `concurrency_limit` and `url<i>_limit`. The API key is read once
+from an environment variable and appears only in the Authorization header (`scrub` removes it
+from any text a server echoes).
 """
 
 from __future__ import annotations

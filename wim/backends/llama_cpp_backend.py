@@ -1,5 +1,10 @@
 """Generation with llama-cpp-python: a GGUF model on the CPU, the fast local choice.
-More: docs/design.md, "Module notes".
+
+We render the chat prompt ourselves with the model's own chat template (the GGUF metadata
+`tokenizer.chat_template`, rendered by jinja2 the way transformers does) so that a prefill can
+be appended to the assistant turn, then call `create_completion` on the tokens. Each sample gets
+its own seed derived from (seed, conversation index, sample index), so a text does not depend on
+which other conversations were in the same call.
 """
 
 from __future__ import annotations

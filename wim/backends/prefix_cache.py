@@ -1,5 +1,18 @@
 """Shared-prefix KV reuse for the transformers backend.
-More: docs/design.md, "Module notes".
+
+Every judge prompt starts with the same tokens (the chat template and the judge's instructions,
+about 200 tokens). The prefix is run once per `generate` call and its key/value cache written
+into every batch's `StaticCache`, from which transformers' `generate` decodes the batch:
+
+    [prefix: P tokens][pad ... pad][suffix tokens of this row]
+    mask: 1 ... 1      0 ... 0      1 ... 1
+
+The position ids follow from the mask (its cumulative sum, as in `generate`), so a row's suffix
+sits at positions P, P+1, ... as in the unpadded prompt; greedy outputs equal those of the
+left-padded full prompt up to float rounding (identical on real judge prompts:
+tests/wim/test_prefix_cache.py, tests/benchmarks/bench_judge.py). The cache lives for one call
+only, as the weights may change between calls (a changing judge is the policy being trained);
+the prefix is cheap to recompute once per call.
 """
 
 from __future__ import annotations

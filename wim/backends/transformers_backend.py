@@ -1,5 +1,10 @@
 """Batched generation with a local transformers causal LM.
-More: docs/design.md, "Module notes".
+
+Left padding, prompts sorted by length, n samples per prompt in one `generate` call. The judge
+format guide (guided.py) makes a local judge write critique and rating in one call. When every
+prompt of a call starts with the same tokens (a judge's instructions), that prefix is read once
+and its KV cache reused by every batch (prefix_cache.py; `reuse_prefix=False` turns it off).
+On a CPU, one-token decoding steps use decode_attention.py's attention instead of SDPA's kernel.
 """
 
 from __future__ import annotations

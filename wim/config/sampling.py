@@ -73,7 +73,7 @@ class GenerationConfig:
     """Split to read when `source` is a datasets name or a saved DatasetDict."""
     source_shape: Literal["auto", "responses", "ultrafeedback", "preference"] = "auto"
     """`responses`, `ultrafeedback` or `preference` (each side a sample that keeps its label),
-    or `auto` (by columns); docs/design.md, "Module notes", wim/sources.py."""
+    or `auto` (by columns); wim/sources.py describes each."""
     source_columns: dict[str, str] = field(default_factory=dict)
     """Column and key names where the source differs: prompt (default `prompt`, else
     `instruction`), id, domain, responses, completions, model, response, rating

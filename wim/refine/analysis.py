@@ -1,5 +1,12 @@
 """Paired comparisons of refinement policies, with Holm correction, and the 2x2 interaction.
-More: docs/design.md, "Module notes".
+
+Each policy's blind scores are paired by question with a baseline policy's. A comparison uses
+the Wilcoxon signed-rank test (scipy; `zero_method="wilcox"` drops zero differences) or the
+paired t-test; p-values across the comparisons are Holm-adjusted (statsmodels). A comparison
+whose differences are all zero, or that has fewer than two pairs, has no test (p = None) and
+says why. The 2x2 design (E_L: same vs cross model) x (stopping: dynamic vs hard cap) is read
+per question as four scores; main effects and the interaction contrast
+(same_dyn - same_cap) - (cross_dyn - cross_cap) are tested against 0.
 """
 
 from __future__ import annotations

@@ -1,5 +1,16 @@
 """The deterministic state controller: does candidate C_t replace the retained answer R_{t-1}?
-More: docs/design.md, "Module notes".
+
+Scores are the loop evaluator's five criteria in [0, 1]. Before comparing, the diagnostic
+penalties (a config table: flag -> {criterion: amount}) are subtracted from the criteria of the
+answer whose evaluation raised the flag (clipped at 0). The aggregate is the mean of the five
+penalized criteria, so it is already normalized to [0, 1] and the gain is
+`aggregate(C_t) - aggregate(R_{t-1})`. C_t is accepted only if, in this order:
+1. it was evaluated (a failed evaluation is never a neutral score: it is rejected);
+2. the evaluator did not veto it (an explicit "reject");
+3. the gain is at least gamma;
+4. with the critical guard on, factuality and evidence support each drop by at most tau_c.
+Boundaries are inclusive with a 1e-9 tolerance, so a gain of exactly gamma (0.52 - 0.50) is
+accepted despite floating point. Every decision carries the rule that decided it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,20 @@
 """The loop evaluator E_L and the verifier votes of the VRR policies.
-More: docs/design.md, "Module notes".
+
+E_L reads (question, answer) and returns, per answer:
+- the WIM critique (what is missing) and its rating, from the project's judge (wim/judges.py);
+- five criteria in [0, 1] (factuality, coherence, evidence support, depth of analysis,
+  linguistic robustness), each written by the model as "N/10" after a prefilled label;
+- an accept/reject verdict;
+- diagnostic flags raised by fixed rules (`raise_flags`) on the answer and the critique, for
+  the controller's penalty table.
+A criterion or verdict that does not parse makes the whole evaluation fail; it is re-asked
+(sampling, new seed) up to `max_retries` times, then returned with `scores=None` and counted:
+never a neutral score. With `ensemble_n > 1` each answer is scored that many times (the first
+greedy, the others sampled) and the parsed runs are averaged; the verdict is their majority
+(a tie rejects).
+
+Votes: M sampled yes/no answers to "is this answer correct and complete?"; an unparseable vote
+is re-asked, and an answer whose M votes cannot be completed has `accepts=None` (counted).
 """
 
 from __future__ import annotations

@@ -1,5 +1,19 @@
 """`wim vrr simulate`: a synthetic verify-repair loop with known noise, vectorized over trials.
-More: docs/design.md, "Module notes".
+
+The model (issue 12): a plan is valid with probability pi at the start; each round the verifier
+casts m votes, each accepting with 1 - rho1 if the plan is valid and rho0 if not (S = accepts);
+a repair makes an invalid plan valid with alpha and a valid one invalid with beta. Policies:
+- none: commits the first plan;
+- fixed: repairs every round for k rounds, whatever the votes;
+- stop: the belief filter from the prior pi; repairs while G > tau, at most k times;
+- stop_calibrated: the same with rho0, rho1 (and the prior) estimated by binomial-mixture EM
+  over simulated unlabelled votes, and alpha, beta from simulated labelled repairs;
+- guard: k rounds, each repairing the incumbent; the repair replaces it iff
+  S(new) >= S(incumbent) + delta.
+Acceptance is a strict majority (S > m / 2) of the committed plan's last votes. Round r of the
+per-round table shows the plan held after round r's votes (a stopped policy keeps its plan).
+Note: in this model acceptance can rise while validity falls only if the verifier prefers
+invalid plans (P(majority | invalid) > P(majority | valid), i.e. J < 0).
 """
 
 from __future__ import annotations

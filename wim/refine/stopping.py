@@ -1,5 +1,20 @@
 """Stopping policies over a master trajectory (pure functions).
-More: docs/design.md, "Module notes".
+
+The master trajectory is the hard-cap run of one question: attempt 0 is the initial answer
+A_0, attempts 1..T are candidates C_t, each with the controller's decision and, when votes
+were cast, the verifier's accepts. Every other policy is derived from a prefix of it, so its
+cost (the tokens of the attempts it used) and its final answer are exact:
+- hard_cap: all T attempts (T = max_attempts, 8 by default);
+- dynamic: stop after the first attempt at which one rule fires:
+  * rejection streak: the last `reject_streak` candidates were all rejected;
+  * low progress: after at least `window` attempts, the retained aggregate rose by less than
+    `min_progress` over the last `window` attempts;
+  * stability: the last `stability_window` candidate aggregates lie within `stability_eps`
+    of each other (max - min);
+- vrr_stop: the belief filter over the votes on the retained answer after each attempt;
+  it attempts another repair while G > tau, at most k times;
+- vrr_guard: k rounds; the candidate of attempt t replaces the incumbent iff its accepts are at
+  least the incumbent's plus delta (the controller is not consulted).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """Policies from the master trajectories, their blind outcome and token cost, and the outputs.
-More: docs/design.md, "Module notes".
+
+Writes DIR/refine/summary.json and summary.md (per policy: attempts, tokens, blind quality,
+paired tests against the baseline with Holm correction), DIR/refine/pairs.jsonl (refinement as
+data: (final, initial) preference rows) and DIR/plots/refine_quality_vs_tokens.png.
+Token cost of a policy on a question: the initial answer (and its evaluation, except for
+`none`), plus generation and evaluation of each attempt it used, plus the votes on those
+answers for the VRR policies.
 """
 
 from __future__ import annotations

@@ -1,5 +1,16 @@
 """VRR-Stop and VRR-Guard (Wu et al., "Verify, Repair, Repeat, or Stop?"): pure functions.
-More: docs/design.md, "Module notes".
+
+Noise model of a verifier that casts M votes on a plan:
+- rho0 = P(accept | invalid), rho1 = P(reject | valid), J = 1 - rho0 - rho1 (how much a vote
+  tells about validity; J = 0: nothing);
+- a repair fixes an invalid plan with probability alpha and breaks a valid one with beta.
+Belief b that the current plan is valid: after S accepts out of M votes, Bayes' rule with the
+binomial likelihoods; before the next round's votes, b^- = (1 - beta) b + alpha (1 - b).
+Marginal gain of one more repair: G = (1 - b) alpha - b beta; VRR-Stop repairs while G > tau.
+VRR-Guard keeps the best incumbent and replaces it only if S(new) >= S(incumbent) + delta.
+Calibration: rho0, rho1 by binomial-mixture EM over repeated unlabelled votes; alpha, beta by
+counting labelled before/after repairs; then Stop when J >= J_min, else Guard.
+Everything works on numpy arrays as well as on floats (the simulation is vectorized).
 """
 
 from __future__ import annotations

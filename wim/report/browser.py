@@ -1,5 +1,14 @@
 """The data of the critique browser in report.html, for at most `report.browser_prompts`
-prompts. More: docs/design.md, "The report" and "Module notes".
+prompts (docs/design.md, "The report").
+
+One entry per preference pair, plus one per prompt that gave no pair (its best and worst samples
+tied, or too few judgements parsed). Failed judgements come first, then a seeded sample, so that
+the page of a 100k-prompt run stays a few MB; the full data stays in the jsonl files.
+
+Built from the run directory alone: scores.jsonl (every judgement with its scores;
+judgements.jsonl when the run was never scored), pairs.jsonl (which samples were paired).
+Failed judgements are kept, with the judge's raw text and the parse error, so a reader can see
+what went wrong.
 """
 
 from __future__ import annotations

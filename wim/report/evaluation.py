@@ -1,6 +1,10 @@
 """A blind evaluation (eval.json, compare.json) as markdown: eval.md, compare.md and the run
 report's section all use these lines, so every page labels each number the same way.
-More: docs/design.md, "Module notes".
+
+The order is what a reader needs first: the mechanical-numbers warning, the power statement
+(can a result of this size be significant at all?), then the pre-specified primary comparison
+with its own unadjusted test, then the whole Holm family. Each interval sits beside the rate
+it belongs to, with ties in or out said in the label.
 """
 
 from __future__ import annotations

@@ -1,5 +1,13 @@
 """report.html: one self-contained page (no external resource, works offline).
-More: docs/design.md, "Module notes".
+
+The page is report.md turned into HTML (headings, paragraphs, notes, tables; the plots embedded
+as base64 data URIs) followed by the critique browser. report.md is our own restricted markdown
+(wim/report/build.py); `markdown_to_html` handles exactly that subset. Every piece of text is
+HTML-escaped on the way out whatever escaping the markdown already did (a backslash-escaped
+character is that character, an unescaped entity the character it names, then all is escaped
+again), so no model or config text can become markup. The browser's data is JSON
+inside `<script type="application/json">` with `<`, `>` and `&` as \\u escapes, and the
+browser's script (static/report.js) writes model text with `textContent` only.
 """
 
 from __future__ import annotations
