@@ -1,6 +1,17 @@
 """The train stage (`wim train`, and `wim run` after pairs): offline DPO, a LoRA adapter trained
 with `trl.DPOTrainer` on a run's `pairs.jsonl` into DIR/train/. torch, trl, peft and datasets
 are imported inside functions so that `import training.train` stays cheap.
+
+What a caller relies on:
+- the dtype is decided where training runs (`RunDir.training_dtype`), not where the run
+  directory was made; a policy already in memory (`Resources`) is trained in place, so the next
+  round samples and judges with the new adapter;
+- a checkpoint is resumed only by the same training (`resume_key`: the stage's fingerprint of
+  the config and pairs); any other is deleted, never mixed in;
+- `dpo:` goes into `trl.DPOConfig` through training/trl_config.py (shared with online DPO); no
+  pairs is an InputError, an unknown `dpo.extra` field a ConfigError;
+- with `http.adapter_serving: vllm` the trained adapter is registered on the policy's server
+  (wim/backends/adapter_serving.py) before the stats are written.
 """
 from __future__ import annotations
 

@@ -1,4 +1,16 @@
-"""One run directory -> report.json (flat metric keys), report.md, report.html, plots/*.png."""
+"""One run directory -> report.json (flat metric keys), report.md, report.html, plots/*.png.
+
+What a caller relies on:
+- the report is rebuilt from the run directory alone, every time (`write_report`): each stage's
+  stats file (from wim/stages.py's table, its `fingerprint` dropped), then one streaming pass
+  over judgements.jsonl and scores.jsonl for the judge and pair statistics (counters, never the
+  records in a list); a run without scores.jsonl is a clear error naming `wim score`;
+- costs are priced at the config's prices now, not those stored by each stage;
+- `write_report_json` is the one writer of report.json (the run's, the rounds' and online
+  DPO's): sorted keys, NaN written as null;
+- with the bundled 135M judge, report.md and report.html say that its numbers show the stages
+  run, not that WIM beats numeric ratings (`SMALL_JUDGE_NOTE`).
+"""
 
 from __future__ import annotations
 
