@@ -30,7 +30,8 @@ seconds this process got (`time.process_time`, both threads): on a shared machin
 far less with the load than wall time does. On a CPU without native bfloat16 (no AMX, no
 AVX512-BF16) the benchmark says so and times float32 only. `--parts` picks some of generate,
 judge, dpo, ref, attn, step, gemm (generate, judge, dpo, ref by default). Written to `--out`
-(tests/benchmarks/results/dtype.txt). Not a test: the file name keeps pytest from collecting it.
+(the recorded runs: tests/benchmarks/results/dtype_*.txt). Not a test: the file name keeps
+pytest from collecting it.
 """
 
 from __future__ import annotations

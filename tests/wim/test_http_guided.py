@@ -56,10 +56,11 @@ def _judge(server: FormatServer, guided: bool = True, mode: str = "wim"
     return judge, backend
 
 
-# The schemas the module docstrings of wim/judge_prompts.py and wim/backends/http_backend.py
-# describe, written out here rather than built by the code under test: an integer rating out
-# of an enum of 1..10, and in wim mode a critique string of at most 2 characters per token of
-# the judge's budget left after 24 tokens of JSON around it.
+# The schemas of wim/judge_prompts.py (`judge_json_schema`, `critique_max_chars`) that
+# wim/backends/http_backend.py sends as `response_format`, written out here rather than built by
+# the code under test: an integer rating out of an enum of 1..10, and in wim mode a critique
+# string of at most 2 characters per token of the judge's budget left after 24 tokens of JSON
+# around it.
 RATING = {"type": "integer", "enum": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}
 
 

@@ -42,9 +42,9 @@ class PolicyConfig:
     without it. `wim train` still trains a fresh adapter on `model`."""
     dtype: Dtype = "auto"
     """What the local model computes in (sampling, fixed and changing judges, training): `auto`
-    (bfloat16 where the device computes it natively, else float32; docs/design.md, "Module
-    notes", wim/precision.py), `float32` or `bfloat16` (training: float32 adapter weights). The
-    run records what `auto` resolved to; a resumed run refuses another dtype."""
+    (bfloat16 where the device computes it natively, else float32; wim/precision.py),
+    `float32` or `bfloat16` (training: float32 adapter weights). The run records what `auto`
+    resolved to; a resumed run refuses another dtype."""
 
 
 @dataclass

@@ -68,7 +68,7 @@ def aggregate(scores: dict[str, float]) -> float:
 
 
 def decide(retained: Evaluation, candidate: Evaluation, p: ControllerParams) -> Decision:
-    """Accept C_t (candidate) over R_{t-1} (retained) or keep R_{t-1}; see the module doc."""
+    """Accept C_t (candidate) over R_{t-1} (retained) or keep R_{t-1}; see the module docstring."""
     ret = None if retained.scores is None else penalized(retained, p.penalties)
     r_agg = None if ret is None else aggregate(ret)
     if candidate.scores is None:
