@@ -93,11 +93,11 @@ def test_every_repository_path_in_the_prose_exists():
 def test_the_scans_find_a_dangling_section_and_path(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "design.md").write_text("# Judging\n\n- Batch files: ...\n")
-    source = ('"""See docs/design.md, "Judging", "Batch files"; docs/design.md, "Module\n'
-              'notes"; docs/gone.md, "X"."""\n# see wim/gone.py and docs/design.md\n'
+    source = ('"""See docs/design.md, "Judging", "Batch files"; docs/design.md, "Gone\n'
+              'section"; docs/gone.md, "X"."""\n# see wim/gone.py and docs/design.md\n'
               'x = "wim/no.py"\n')
     (tmp_path / "m.py").write_text(source)
     files = [("m.py", " ".join(prose_of_python(source).split()))]
     assert dangling_section_refs(files, tmp_path) == [
-        'm.py: docs/design.md, "Module notes" is no heading', "m.py: docs/gone.md does not exist"]
+        'm.py: docs/design.md, "Gone section" is no heading', "m.py: docs/gone.md does not exist"]
     assert dangling_paths(files, tmp_path) == ["m.py: docs/gone.md", "m.py: wim/gone.py"]
