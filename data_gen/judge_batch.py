@@ -26,6 +26,7 @@ from wim.errors import StageIncomplete, WimError
 from wim.parsing import parse_judgement
 from wim.pricing import role_price
 from wim.records import write_atomic, write_records_atomic
+from wim.retry import attempt_seed
 from wim.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -85,12 +86,13 @@ class BatchClient:
 
     def _which(self, seed: int) -> tuple[int, tuple[str, int]]:
         """(attempt, key) of a request, from its seed: the judge's attempt a asks with seed
-        `seed + 7919 a` the conversations it retries, the j-th with `+ 1000 j` (sample_seed)."""
+        `attempt_seed(seed, a)` (wim/retry.py) the conversations it retries, the j-th with
+        `+ 1000 j` (sample_seed)."""
         for attempt in range(self.attempts):
             while len(self._order) <= attempt:  # the keys the judge asks again, in order
                 self._order.append([k for k in self._order[-1]
                                     if self.retried(self._answers.get(k))])
-            j, rest = divmod((seed - self._seed - 7919 * attempt) % 2**31, 1000)
+            j, rest = divmod((seed - attempt_seed(self._seed, attempt)) % 2**31, 1000)
             if not rest and j < len(self._order[attempt]):
                 return attempt, self._order[attempt][j]
         raise RuntimeError(f"a judge request with seed {seed} not from this batch")

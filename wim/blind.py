@@ -51,6 +51,7 @@ from wim.blind_verdicts import (
 from wim.judge_prompts import EMPTY_ANSWER, format_question_answer, guided_max_tokens
 from wim.judges import ask_in_two_steps, generate_one
 from wim.reasoning import budget_exhausted, exhausted_message
+from wim.retry import ask_until_parsed
 
 logger = logging.getLogger(__name__)
 
@@ -198,29 +199,29 @@ class BlindEvaluator:
         failures: list[str | None] = [None] * len(convs)
         raws: list[list[str]] = [[] for _ in convs]
         tokens = [0] * len(convs)
-        todo = list(range(len(convs)))
-        for attempt in range(self.max_retries + 1):
-            # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
-            temperature = 0.0 if attempt == 0 else self.retry_temperature
-            outs = self._ask([convs[i] for i in todo], label, temperature,
-                             self.seed + 7919 * attempt)
+
+        def ask(todo: list[int], temperature: float, seed: int):
+            outs = self._ask([convs[i] for i in todo], label, temperature, seed)
             self._check_logprobs()
-            again = []
-            for i, (text, error, spent, top) in zip(todo, outs, strict=True):
-                raws[i].append(text)
-                tokens[i] += spent
-                if error is not None:
-                    failures[i] = error
-                    continue
-                values[i], failures[i] = parse(text)
-                if failures[i] is not None:
-                    again.append(i)
-                elif self._weighted(label):
-                    probs[i] = verdict_probabilities(top, values[i])
-            todo = again
-            if not todo:
-                break
-        for i in todo:
+            return outs
+
+        def settle(i: int, out, attempt: int) -> bool:
+            text, error, spent, top = out
+            raws[i].append(text)
+            tokens[i] += spent
+            if error is not None:
+                failures[i] = error
+                return False
+            values[i], failures[i] = parse(text)
+            if failures[i] is not None:
+                return True
+            if self._weighted(label):
+                probs[i] = verdict_probabilities(top, values[i])
+            return False
+
+        for i in ask_until_parsed(len(convs), ask, settle, seed=self.seed,
+                                  max_retries=self.max_retries,
+                                  retry_temperature=self.retry_temperature):
             failures[i] = f"{failures[i]} (after {self.max_retries + 1} attempts)"
         return list(zip(values, failures, raws, tokens, probs, strict=True))
 

@@ -35,6 +35,7 @@ from wim.judge_prompts import (
 )
 from wim.parsing import ECHOED_RUBRIC, parse_judgement
 from wim.reasoning import apart, budget_exhausted, exhausted_message
+from wim.retry import ask_until_parsed
 
 logger = logging.getLogger(__name__)
 
@@ -131,44 +132,39 @@ class BackendJudge(Judge):
 
     def judge(self, items: list[tuple[str, str]], seed: int = 0) -> list[Judgement]:
         results: list[Judgement | None] = [None] * len(items)
-        todo = list(range(len(items)))
         spent = [Usage()] * len(items)
         echoed = [0] * len(items)
-        for attempt in range(self.max_retries + 1):
-            # Greedy first; a retry samples with a new seed, since greedy would repeat itself.
-            temperature = 0.0 if attempt == 0 else self.retry_temperature
-            replies = self._ask([items[i] for i in todo], temperature, seed + 7919 * attempt)
-            still_failing = []
-            for i, reply in zip(todo, replies, strict=True):
-                raw, error = reply.text, reply.error
-                spent[i] = spent[i] + reply.usage
-                if reply.exhausted:
-                    error = exhausted_message("judge.max_new_tokens", self.max_new_tokens,
-                                              reply.usage)
-                parsed = (parse_judgement(raw, self.mode, self.instructions)
-                          if error is None else None)
-                ok = parsed is not None and parsed.ok
-                echoed[i] += parsed is not None and ECHOED_RUBRIC in (parsed.error or "")
-                results[i] = Judgement(
-                    critique=parsed.critique if parsed else None,
-                    rating=parsed.rating if parsed else None,
-                    raw=raw,
-                    parse_ok=ok,
-                    error=None if ok else (error or parsed.error),
-                    attempts=attempt + 1,
-                    echoed_attempts=echoed[i],
-                    prompt_tokens=spent[i].prompt,
-                    completion_tokens=spent[i].completion,
-                    backend_failed=error is not None and not reply.exhausted,
-                    usage=spent[i],
-                    reasoning=reply.reasoning,
-                    budget_exhausted=reply.exhausted,
-                )
-                if parsed is not None and not ok:  # only a parse failure is asked again
-                    still_failing.append(i)
-            todo = still_failing
-            if not todo:
-                break
+
+        def settle(i: int, reply: Reply, attempt: int) -> bool:
+            raw, error = reply.text, reply.error
+            spent[i] = spent[i] + reply.usage
+            if reply.exhausted:
+                error = exhausted_message("judge.max_new_tokens", self.max_new_tokens,
+                                          reply.usage)
+            parsed = parse_judgement(raw, self.mode, self.instructions) if error is None else None
+            ok = parsed is not None and parsed.ok
+            echoed[i] += parsed is not None and ECHOED_RUBRIC in (parsed.error or "")
+            results[i] = Judgement(
+                critique=parsed.critique if parsed else None,
+                rating=parsed.rating if parsed else None,
+                raw=raw,
+                parse_ok=ok,
+                error=None if ok else (error or parsed.error),
+                attempts=attempt + 1,
+                echoed_attempts=echoed[i],
+                prompt_tokens=spent[i].prompt,
+                completion_tokens=spent[i].completion,
+                backend_failed=error is not None and not reply.exhausted,
+                usage=spent[i],
+                reasoning=reply.reasoning,
+                budget_exhausted=reply.exhausted,
+            )
+            return parsed is not None and not ok  # only a parse failure is asked again
+
+        ask_until_parsed(len(items), lambda todo, temperature, s: self._ask(
+                             [items[i] for i in todo], temperature, s),
+                         settle, seed=seed, max_retries=self.max_retries,
+                         retry_temperature=self.retry_temperature)
         return results  # type: ignore[return-value]
 
     def fit(self, items, rule="truncate", max_input_tokens=None):

@@ -17,9 +17,11 @@ class ScriptedBackend(Backend):
         self.replies = list(replies)
         self.ok = ok
         self.seen_temperatures: list[float] = []
+        self.seen_seeds: list[int] = []
 
     def generate(self, conversations, params, *, n=1, seed=0, prefill=None):
         self.seen_temperatures.append(params.temperature)
+        self.seen_seeds.append(seed)
         out = []
         for _ in conversations:
             text = self.replies.pop(0) if self.replies else "still no format"
@@ -43,6 +45,16 @@ def test_failed_parse_is_retried_then_recorded_as_failed() -> None:
     assert result.prompt_tokens == 30 and result.completion_tokens == 15  # all attempts paid
     # The first attempt is greedy; retries sample, since greedy would only repeat itself.
     assert backend.seen_temperatures[0] == 0.0 and backend.seen_temperatures[1] > 0
+
+
+def test_each_attempt_asks_with_its_own_seed() -> None:
+    """The seed scheme that batch ingestion decodes (data_gen/judge_batch.py): a changed step
+    would re-seed every retry of every run, so it is pinned here."""
+    backend = ScriptedBackend(["no format here", "Rating: 11", "Missing: x\nRating: 7"])
+    [result] = _judge(backend, max_retries=2, retry_temperature=0.6).judge([("q", "a")], seed=5)
+    assert result.attempts == 3
+    assert backend.seen_seeds == [5, 5 + 7919, 5 + 2 * 7919]
+    assert backend.seen_temperatures == [0.0, 0.6, 0.6]
 
 
 def test_retry_that_parses_is_kept() -> None:

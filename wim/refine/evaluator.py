@@ -26,6 +26,7 @@ from wim.backends import Backend, SamplingParams
 from wim.judge_prompts import format_question_answer
 from wim.judges import Judge
 from wim.refine.controller import CRITERIA, Evaluation
+from wim.retry import ask_until_parsed, attempt_seed
 
 # What is prefilled before each value, one at a time: "Factuality:", ..., "Verdict:".
 LABELS = {c: c.replace("_", " ").capitalize() + ":" for c in CRITERIA} | {"verdict": "Verdict:"}
@@ -156,18 +157,21 @@ class LoopEvaluator:
     def _score(self, questions, answers, judgements, seed: int, greedy_first: bool):
         """Per item: (criteria + verdict or None, failure, raw text, tokens, attempts)."""
         results: list = [None] * len(answers)
-        todo = list(range(len(answers)))
         spent = [0] * len(answers)
-        for attempt in range(self.max_retries + 1):
-            if not todo:
-                break
-            temperature = 0.0 if attempt == 0 and greedy_first else self.retry_temperature
-            asked = self._ask([self._messages(questions[i], answers[i], judgements[i].critique)
-                               for i in todo], temperature, seed + 7919 * attempt)
-            for i, (raw, values, failure, tokens) in zip(todo, asked, strict=True):
-                spent[i] += tokens
-                results[i] = (values, failure, raw, spent[i], attempt + 1)
-            todo = [i for i in todo if results[i][0] is None]
+
+        def ask(todo: list[int], temperature: float, seed: int):
+            return self._ask([self._messages(questions[i], answers[i], judgements[i].critique)
+                              for i in todo], temperature, seed)
+
+        def settle(i: int, asked, attempt: int) -> bool:
+            raw, values, failure, tokens = asked
+            spent[i] += tokens
+            results[i] = (values, failure, raw, spent[i], attempt + 1)
+            return values is None  # a backend failure too is asked again here
+
+        ask_until_parsed(len(answers), ask, settle, seed=seed, max_retries=self.max_retries,
+                         retry_temperature=self.retry_temperature,
+                         first_temperature=0.0 if greedy_first else self.retry_temperature)
         return results
 
     def _messages(self, question: str, answer: str, critique: str | None):
@@ -217,7 +221,7 @@ class LoopEvaluator:
             for n in sorted(set(need.values())):
                 idx = [i for i, k in need.items() if k == n]
                 outs = self.backend.generate([convs[i] for i in idx], params, n=n,
-                                             seed=seed + 7919 * attempt + n,
+                                             seed=attempt_seed(seed, attempt) + n,
                                              prefill=VOTE_PREFILL)
                 for i, samples in zip(idx, outs, strict=True):
                     votes = [parse_vote(o.text) if o.ok else None for o in samples]
