@@ -11,9 +11,7 @@ from typing import Any
 from data_gen.validity_table import RankingOutcomes, outcomes_table, systems_table_lines
 from wim.config import Config
 from wim.pairs import group_by_prompt
-from wim.rundir import RunDir
-
-AGREEMENT_FILE = "agreement.json"
+from wim.rundir import AGREEMENT, RunDir
 
 
 def label_pair(records: list[dict[str, Any]]) -> tuple[tuple[dict, dict] | None, str]:
@@ -38,7 +36,7 @@ def source_agreement(cfg: Config, run: RunDir,
                      ) -> dict | None:
     """Write DIR/agreement.json when the source carries preferences, else None and no file.
     `scored`: scores.jsonl's records, or each prompt's records as a stream."""
-    path = run.file(AGREEMENT_FILE)
+    path = run.file(AGREEMENT)
     groups = group_by_prompt(scored).values() if isinstance(scored, list) else scored
     outcomes, label_ties, kinds = RankingOutcomes(cfg), 0, set()
     for records in groups:

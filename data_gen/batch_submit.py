@@ -193,7 +193,7 @@ def _lines(path: Path) -> Iterator[dict]:
 
 
 def submitted_path(run: RunDir) -> Path:
-    return run.path / "batch" / "submitted.json"
+    return run.batch_folder / "submitted.json"
 
 
 def load_state(run: RunDir) -> dict:
@@ -212,12 +212,12 @@ def round_prefix(number: int) -> str:
 
 
 def round_files(run: RunDir, number: int) -> list[Path]:
-    return sorted((run.path / "batch").glob(f"{round_prefix(number)}-*.jsonl"))
+    return sorted((run.batch_folder).glob(f"{round_prefix(number)}-*.jsonl"))
 
 
 def newest_round(run: RunDir) -> int:
     """The newest round whose request files are written (0: requests-*.jsonl)."""
-    found = (ROUND_FILE.fullmatch(p.name) for p in (run.path / "batch").glob("resubmit-*"))
+    found = (ROUND_FILE.fullmatch(p.name) for p in (run.batch_folder).glob("resubmit-*"))
     return max((int(m.group(1)) for m in found if m), default=0)
 
 
@@ -229,8 +229,8 @@ def sends(run: RunDir, state: dict) -> Counter:
     """custom_id -> the batches it was submitted in."""
     sent: Counter = Counter()
     for name, entry in state["batches"].items():
-        if entry.get("batch_id") and (run.path / "batch" / name).exists():
-            sent.update(line.get("custom_id") for line in _lines(run.path / "batch" / name))
+        if entry.get("batch_id") and (run.batch_folder / name).exists():
+            sent.update(line.get("custom_id") for line in _lines(run.batch_folder / name))
     return sent
 
 
@@ -284,7 +284,7 @@ def collect(cfg: Config, run: RunDir) -> list[str]:
     api = None
     running, outputs = {}, []
     for name, entry in state["batches"].items():
-        out = run.path / "batch" / f"output-{name}"
+        out = run.batch_folder / f"output-{name}"
         if not out.exists():
             if not entry.get("batch_id"):
                 raise WimError(f"{name} was not submitted completely; run `wim judge "
@@ -307,7 +307,7 @@ def collect(cfg: Config, run: RunDir) -> list[str]:
 def _report_ended(run: RunDir, name: str, batch: Any, out: Path) -> dict[str, int]:
     """Log how a batch ended: answered lines, the failed ones' messages with their counts (and
     a failed batch's own errors); returns those counts, kept in submitted.json."""
-    total = sum(1 for _ in _lines(run.path / "batch" / name))
+    total = sum(1 for _ in _lines(run.batch_folder / name))
     lines = list(_lines(out))
     errors = Counter(line_error(x) for x in lines if line_outcome(x) != "answered")
     for error in (batch.errors.data or []) if batch.errors else []:

@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wim.rundir import CONFIG_FILE
+
 # Each file is renamed to carry its content's hash (`content_named`): `datasets` caches a folder
 # whose card declares `configs:` by the folder's name, the config name and the card's `path:`
 # patterns, so two runs' `dataset/` folders with the same file names loaded as one.
@@ -140,7 +142,7 @@ def write_dataset_folder(folder: Path, saved_pairs: Path, groups: Iterable[list[
     counts = write_completions(groups, build / COMPLETIONS_FILE)
     pairs, completions = (content_named(build / f).relative_to(build).as_posix()
                           for f in (PAIRS_FILE, COMPLETIONS_FILE))
-    shutil.copyfile(config_file, build / "resolved_config.yaml")
+    shutil.copyfile(config_file, build / CONFIG_FILE)
     (build / "README.md").write_text(card(counts, pairs, completions))
     shutil.rmtree(folder, ignore_errors=True)
     build.rename(folder)

@@ -12,7 +12,7 @@ from typing import Any
 from wim import stages
 from wim.config import Config
 from wim.records import storage_error
-from wim.rundir import RunDir, identity
+from wim.rundir import ADAPTER_WEIGHTS, RunDir, identity
 
 
 def file_sha256(path: Path) -> str | None:
@@ -58,9 +58,9 @@ def _inputs(run: RunDir, step: stages.Stage) -> list[str]:
     """The stage's input files; the eval stage of a run of several rounds also reads every
     round's adapter (the last one is the policy it evaluates)."""
     names = list(stages.stage_inputs(step))
-    if step.name == "eval" and run.file("rounds").is_dir():
+    if step.name == "eval" and run.rounds_folder.is_dir():
         names += sorted(str(p.relative_to(run.path)) for p in
-                        run.file("rounds").glob("*/train/adapter/adapter_model.safetensors"))
+                        run.rounds_folder.glob(f"*/{ADAPTER_WEIGHTS}"))
     return names
 
 
@@ -70,7 +70,7 @@ def _outputs(run: RunDir, stage: str) -> dict[str, str | None]:
 
 def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] | None:
     """The saved stats of `stage` if it finished with this fingerprint, outputs untouched."""
-    path = run.file(f"stats/{stage}.json")
+    path = run.stats_file(stage)
     try:
         stats = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -85,7 +85,7 @@ def finished_stats(run: RunDir, stage: str, fingerprint: str) -> dict[str, Any] 
 
 def record_finished(run: RunDir, stage: str, fingerprint: str) -> None:
     """Add the fingerprint to `stats/<stage>.json` (created for stages without stats)."""
-    path = run.file(f"stats/{stage}.json")
+    path = run.stats_file(stage)
     try:
         stats = json.loads(path.read_text()) if path.exists() else {}
         stats["fingerprint"] = {"inputs": fingerprint, "outputs": _outputs(run, stage)}

@@ -15,7 +15,7 @@ from wim.judges import BackendJudge, Judge, configured_judge
 from wim.pricing import TOKEN_FIELDS, role_price, usage_fields
 from wim.prompts import Prompt, PromptRef
 from wim.records import JsonlAppender, KeySet, RecordIndex, iter_keyed, record_key
-from wim.rundir import RunDir
+from wim.rundir import SAMPLES, RunDir
 
 
 def run_stage(cfg: Config, run: RunDir, res: Any, shard: stages.Shard | None, progress: bool,
@@ -82,7 +82,7 @@ def judge_batches(cfg: Config, run: RunDir, prompts: Sequence[Prompt | PromptRef
     message."""
     samples = RecordIndex(run.samples)
     if not len(samples):
-        run.require("samples.jsonl", "wim generate")  # the clear error: nothing to judge
+        run.require(SAMPLES, "wim generate")  # the clear error: nothing to judge
     done, failed = _judged_keys(run)
     batches = stages.prompt_batches(prompts, cfg.generation.batch_size, shard)
     start, tokens, lost = time.perf_counter(), 0, 0

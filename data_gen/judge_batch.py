@@ -221,7 +221,7 @@ def judge_in_batch(cfg: Config, run: RunDir, res, shard: Shard | None, results: 
         lost, counts = judge_batches(cfg, run, prompts, judge, shard, False, 1, client.begin)
     finally:
         backend._client = live
-    folder = run.path / "batch"
+    folder = run.batch_folder
     if client.answers is None and client.written:
         files = write_request_files(folder, client.written)
         raise BatchWritten(len(client.written), files, run)
@@ -261,7 +261,7 @@ def next_round(cfg: Config, run: RunDir, client: BatchClient, stats: dict, lost:
         {"custom_id": line["custom_id"], "error": f"no answer after {sent[line['custom_id']]} "
          f"send(s); the last: {why}"}
         for line, why in client.unanswered if sent[line["custom_id"]] > cap]
-    folder = run.path / "batch"
+    folder = run.batch_folder
     number = batch_submit.last_round(state) + 1
     files = write_request_files(folder, [line for line, _ in again] + client.written,
                                 prefix=batch_submit.round_prefix(number))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from wim.records import RecordIndex, record_key, write_records_atomic
-from wim.rundir import RunDir, RunDirError, identity
+from wim.rundir import JUDGEMENTS, SAMPLES, RunDir, RunDirError, identity
 
 
 def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def merge_runs(dirs: list[Path], out: Path, allow_partial: bool = False) -> dict
         raise RunDirError(f"{out} already exists and holds a run; merge into a new folder.")
     summary: dict[str, Any] = {"shards": [str(s) for s in shards], "missing_shards": missing}
     indexes: dict[str, list[RecordIndex]] = {}
-    for name in ("samples.jsonl", "judgements.jsonl"):
+    for name in (SAMPLES, JUDGEMENTS):
         # Offsets only: each shard's file is indexed, then read prompt by prompt while writing.
         indexes[name] = [RecordIndex(run.file(name)) for run in runs]
         owner: dict[str, int] = {}

@@ -18,7 +18,7 @@ from data_gen.completions import write_dataset_folder
 from data_gen.stages import Shard
 from wim.config import Config
 from wim.records import RecordIndex, write_records_atomic
-from wim.rundir import RunDir
+from wim.rundir import AGREEMENT, DATASET_FOLDER, PAIRS, PAIRS_CARD, PAIRS_FOLDER, SCORES, RunDir
 
 
 def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
@@ -37,11 +37,11 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
     start = time.perf_counter()
     scores = RecordIndex(run.scores)
     if not len(scores):
-        run.require("scores.jsonl", "wim score")  # the clear error: nothing to pair
+        run.require(SCORES, "wim score")  # the clear error: nothing to pair
     counts = PairCounts()
     write_records_atomic(run.pairs, pair_rows(scores.groups(), cfg.pairs, counts, seed=cfg.seed))
     stats = counts.as_metrics()
-    folder, hub_folder = run.file("pairs"), run.file("dataset")
+    folder, hub_folder = run.file(PAIRS_FOLDER), run.file(DATASET_FOLDER)
     if counts.pairs:
         _save_dataset(run.pairs, folder)
     hub_card = _write_cards(cfg, run, summarize_scores(scores.groups(), cfg), stats)
@@ -53,7 +53,7 @@ def export_pairs(cfg: Config, run: RunDir) -> dict[str, Any]:
     else:  # no pairs: no folder that would still show an earlier run's
         shutil.rmtree(hub_folder, ignore_errors=True)
     if cfg.generation.source is None:
-        run.file("agreement.json").unlink(missing_ok=True)
+        run.file(AGREEMENT).unlink(missing_ok=True)
     elif (agreement := source_agreement(cfg, run, scores.groups())) is not None:
         stats["agreement/pairs"] = agreement["pairs"]
         stats["agreement/label_ties"] = agreement["label_ties"]
@@ -72,11 +72,11 @@ def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
 
     source, license_ = None, None  # the generate stage's stats name the source's shape, sha256
     if cfg.generation.source is not None:
-        if run.file("stats/generate.json").is_file():
-            source = json.loads(run.file("stats/generate.json").read_text())
+        if run.stats_file("generate").is_file():
+            source = json.loads(run.stats_file("generate").read_text())
         if cfg.card.license is None:
             license_ = source_license(cfg.generation.source, cfg.generation.source_split)
-    folder = run.file("pairs")
+    folder = run.file(PAIRS_FOLDER)
     folder.mkdir(exist_ok=True)  # the card is written even when there is no pair
 
     def card(files: str, completions: dict[str, Any] | None = None,
@@ -85,7 +85,7 @@ def _write_cards(cfg: Config, run: RunDir, summary, counts: dict[str, Any]
                            completions_files)
 
     (folder / "README.md").write_text(card("data-*.arrow"))
-    run.file("pairs.README.md").write_text(card("pairs.jsonl"))
+    run.file(PAIRS_CARD).write_text(card(PAIRS))
     return lambda completions, pairs_file, completions_file: card(
         pairs_file, completions, completions_file)
 

@@ -24,7 +24,7 @@ from wim.errors import StageIncomplete
 from wim.holdout import load_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
-from wim.rundir import RunDir
+from wim.rundir import REPORT, RunDir
 from wim.stages import STAGES, stage_named
 
 logger = logging.getLogger(__name__)
@@ -219,4 +219,4 @@ def runner(stage: str) -> StageRunner:
 
 
 def _report(run: RunDir) -> dict[str, Any]:
-    return json.loads(run.file("report.json").read_text())
+    return json.loads(run.file(REPORT).read_text())

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.similarity_store import STORE, SimilarityStore, pair_key, text_key
+from data_gen.similarity_store import SimilarityStore, pair_key, text_key
 from data_gen.stages import Shard, progress_bar
 from wim.config import Config
 from wim.records import JsonlAppender, iter_keyed, iter_records, record_key
-from wim.rundir import RunDir
+from wim.rundir import JUDGEMENTS, SCORE_PROGRESS, SIMILARITIES, RunDir
 from wim.scoring import (
     check_judgement,
     check_numeric,
@@ -25,8 +25,6 @@ from wim.scoring import (
     score_record,
     similarities,
 )
-
-_PROGRESS = "stats/score_progress.json"  # the settings of a pass under way (for resume)
 
 
 def run_stage(cfg: Config, run: RunDir, res: Any, shard: Shard | None, progress: bool,
@@ -49,7 +47,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
     kept = _resume_point(run, settings)
     counts = {"records": 0, "similarities_computed": 0, "similarities_stored": 0,
               "embedded_texts": 0, "fallback_rating": 0, "fallback_critique": 0}
-    store = SimilarityStore(run.file(STORE))
+    store = SimilarityStore(run.file(SIMILARITIES))
     lazy = _LazyEmbedder(cfg, embedder)
     out = None  # opened with the first batch: a first record that fails leaves no file
     bar = _bar(run, progress)
@@ -72,7 +70,7 @@ def score_run(cfg: Config, run: RunDir, embedder=None, progress: bool = False
         for part in (out, store, lazy):
             if part is not None:
                 part.close()
-    run.file(_PROGRESS).unlink(missing_ok=True)
+    run.file(SCORE_PROGRESS).unlink(missing_ok=True)
     stats = {"time/score": time.perf_counter() - start, "score/records": counts.pop("records"),
              "score/embedder": name, "score/embedder_identity": identity, "score/zeta": zeta,
              "score/on_parse_failure": policy, **{f"score/{k}": v for k, v in counts.items()}}
@@ -88,7 +86,7 @@ def store_similarities(cfg: Config, run: RunDir) -> dict[str, int]:
     _require(run)
     identity, policy = embedder_of(cfg)[0], cfg.judge.on_parse_failure
     counts = {"similarities_computed": 0, "similarities_stored": 0, "embedded_texts": 0}
-    store = SimilarityStore(run.file(STORE))
+    store = SimilarityStore(run.file(SIMILARITIES))
     lazy = _LazyEmbedder(cfg, None)
     try:
         for _, batch in _batches(run, cfg.scoring.batch_size * _window(cfg, None)):
@@ -190,7 +188,7 @@ class _LazyEmbedder:
 def _require(run: RunDir) -> None:
     """A clear error when there are no judgements (checked on the first record: streamed)."""
     if next(iter_records(run.judgements), None) is None:
-        run.require("judgements.jsonl", "wim judge")
+        run.require(JUDGEMENTS, "wim judge")
 
 
 def _bar(run: RunDir, progress: bool):
@@ -219,7 +217,7 @@ def _resume_point(run: RunDir, settings: dict[str, Any]) -> int:
     """How many records of scores.jsonl a pass with `settings` keeps: those of an unfinished
     pass with the same settings that follow the judgements in order. The file is cut after
     them (to nothing for a new pass), and `settings` recorded as the pass under way."""
-    marker = run.file(_PROGRESS)
+    marker = run.file(SCORE_PROGRESS)
     same = marker.is_file() and json.loads(marker.read_text() or "null") == settings
     kept = 0
     if same and run.scores.exists():

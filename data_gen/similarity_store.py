@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-STORE = "similarities.sqlite"
 _CHUNK = 500  # keys per SELECT (well under SQLite's limit on bound variables)
 
 

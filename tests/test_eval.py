@@ -72,15 +72,20 @@ def test_eval_without_held_out_prompts_says_what_to_do(flaky_server, tmp_path: P
 
 
 def test_a_multi_round_run_is_evaluated_with_its_last_adapter(tmp_path: Path):
-    from training.evaluate import check_unseen, final_adapter
-    from wim.rundir import RunDir
+    from training.evaluate import check_unseen
+    from wim.rundir import RunDir, RunDirError
 
     run = RunDir(tmp_path / "run")
+    (run.path / "rounds" / "11").mkdir(parents=True)  # the last round has not trained yet
+    with pytest.raises(RunDirError, match=r"rounds/11/train/adapter/adapter_config.json is "
+                       r"missing\). Train first: `wim run CONFIG --out"):
+        run.final_adapter()
+    (run.path / "rounds" / "11").rmdir()
     for r in (1, 2, 10):
         adapter = run.path / "rounds" / str(r) / "train" / "adapter"
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text("{}")
-    assert final_adapter(run) == str(run.path / "rounds" / "10" / "train" / "adapter")
+    assert run.final_adapter() == run.path / "rounds" / "10" / "train" / "adapter"
     prompt = load_prompts("bundled")[0]
     (run.path / "rounds" / "2" / "samples.jsonl").write_text(json.dumps(
         {"prompt_id": prompt.id, "sample_idx": 0, "prompt": prompt.text}) + "\n")

@@ -30,7 +30,6 @@ from data_gen.score import store_similarities
 from training.evaluate import (
     System,
     compare_systems,
-    final_adapter,
     held_out_prompts,
     write_audit,
 )
@@ -50,14 +49,24 @@ from wim.report.evaluation import (
     weighted_lines,
     weighted_table,
 )
-from wim.rundir import RunDir
+from wim.rundir import (
+    JUDGEMENTS,
+    LOG_HISTORY,
+    PAIRS_FOLDER,
+    SAMPLES,
+    SIMILARITIES,
+    SPLIT,
+    TRAIN_METRICS,
+    RunDir,
+    stats_name,
+)
 
 logger = logging.getLogger(__name__)
 
 RANDOM_ARM = "random"
 PRIMARY = "wim vs numeric"
-_SHARED_FILES = ("samples.jsonl", "judgements.jsonl", "split.json", "stats/generate.json",
-                 "stats/judge.json", "similarities.sqlite")
+_SHARED_FILES = (SAMPLES, JUDGEMENTS, SPLIT, stats_name("generate"), stats_name("judge"),
+                 SIMILARITIES)
 
 
 def arms_of(cfg: Config) -> list[tuple[str, float]]:
@@ -116,7 +125,7 @@ def _train_arm(arm_cfg: Config, run: RunDir, shared: RunDir, name: str, progress
     run_stages(arm_cfg, run, ("score", "pairs"), progress=progress)
     if name == RANDOM_ARM:
         randomize_pairs(run.pairs, arm_cfg.seed)
-        shutil.rmtree(run.file("pairs"), ignore_errors=True)  # the dataset would be stale
+        shutil.rmtree(run.file(PAIRS_FOLDER), ignore_errors=True)  # the dataset would be stale
     trained = next(iter_records(run.pairs), None) is not None
     if trained:
         run_stages(arm_cfg, run, ("train",), progress=progress)
@@ -154,7 +163,8 @@ _AUDIT = ("sample_idx", "critique", "rating", "similarity", "score")
 def _evaluate_arms(cfg: Config, shared: RunDir, arm_runs: dict, progress: bool) -> dict:
     prompts = held_out_prompts(cfg, shared, cfg.eval.limit)
     names = list(arm_runs)
-    systems = [System(n, cfg.policy.model, final_adapter(run)) for n, (_, run) in arm_runs.items()]
+    systems = [System(n, cfg.policy.model, str(run.final_adapter()))
+               for n, (_, run) in arm_runs.items()]
     systems.append(System("base", cfg.policy.model, None))
     pairs = [(f"{n} vs base", n, "base") for n in names]
     pairs += [(f"{a} vs {b}", a, b) for a, b in itertools.combinations(names, 2)
@@ -174,9 +184,9 @@ def arm_summary(cfg: Config, name: str, zeta: float, run: RunDir, shared: RunDir
     """Tie rate, delta, pairs kept, training loss and margins, and cost of one arm."""
     scores = read_keyed(run.scores)
     stats = pair_statistics(scores, zeta, [zeta], cfg.pairs.tie_tolerance)
-    pairs = json.loads(run.file("stats/pairs.json").read_text())
-    train = json.loads(run.file("train/metrics.json").read_text()) if trained else {}
-    history = (json.loads(run.file("train/log_history.json").read_text()) if trained else [])
+    pairs = json.loads(run.stats_file("pairs").read_text())
+    train = json.loads((run.train_folder / TRAIN_METRICS).read_text()) if trained else {}
+    history = json.loads((run.train_folder / LOG_HISTORY).read_text()) if trained else []
     margins = [h["rewards/margins"] for h in history if "rewards/margins" in h]
     judgements = read_keyed(shared.judgements)
     tokens = sum(j.get("prompt_tokens", 0) + j.get("completion_tokens", 0) for j in judgements)

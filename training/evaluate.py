@@ -33,7 +33,7 @@ from wim.holdout import load_split, read_split, write_split
 from wim.prompts import Prompt
 from wim.records import read_keyed
 from wim.report.evaluation import evaluation_body, figure_lines
-from wim.rundir import RunDir
+from wim.rundir import EVAL, EVAL_AUDIT_FOLDER, EVAL_MD, PLOTS_FOLDER, SPLIT, RunDir
 from wim.statistics import (
     MECHANICAL_WARNING,
     Outcomes,
@@ -57,25 +57,6 @@ class System:
     adapter: str | None = None
 
 
-def round_runs(run: RunDir) -> list[RunDir]:
-    """The run directories that trained DIR's policy: its rounds in order (`rounds/<r>/`, a
-    multi-round run), else DIR itself. The last one holds the final adapter."""
-    folder = run.file("rounds")
-    rounds = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
-                    key=lambda p: int(p.name)) if folder.is_dir() else []
-    return [RunDir(p) for p in rounds] or [run]
-
-
-def final_adapter(run: RunDir) -> str:
-    """The trained adapter of DIR (of its last round in a multi-round run)."""
-    run = round_runs(run)[-1]
-    folder = run.file("train") / "adapter"
-    if not (folder / "adapter_config.json").is_file():
-        raise InputError(f"{run.path} holds no trained adapter ({folder} is missing). Run "
-                         f"`wim train {run.path}` first.")
-    return str(folder)
-
-
 def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list[Prompt]:
     """The prompts DIR held out of training, checked against its samples; at most `limit`."""
     p = cfg.prompts
@@ -88,7 +69,7 @@ def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list
         by_id = {q.id: q for q in (*train, *held)}
         missing = [i for i in split["holdout"] if i not in by_id]
         if missing:
-            raise InputError(f"{run.path / 'split.json'} names held-out prompt(s) {missing[:3]} "
+            raise InputError(f"{run.file(SPLIT)} names held-out prompt(s) {missing[:3]} "
                              f"that prompts.source '{p.source}' does not hold.")
         held = [by_id[i] for i in split["holdout"]]
     if not held:
@@ -103,7 +84,7 @@ def held_out_prompts(cfg: Config, run: RunDir, limit: int | None = None) -> list
 
 def check_unseen(held: list[Prompt], run: RunDir) -> None:
     """Refuse held-out prompts that the run (any of its rounds) generated samples for."""
-    for r in round_runs(run):
+    for r in run.round_runs():
         seen = {rec["prompt"] for rec in read_keyed(r.samples)}
         leaked = [q.id for q in held if q.text in seen]
         if leaked:
@@ -278,21 +259,22 @@ def write_eval(folder: Path, report: dict, answers: dict[str, list[dict]],
     from wim.report.plots import plot_preferences
 
     write_audit(folder, answers, records)
-    (folder / "eval.json").write_text(json.dumps(report, indent=2))
+    (folder / EVAL).write_text(json.dumps(report, indent=2))
     # The primary comparison's preferences, drawn (when there are any) for eval.md to lead with.
     primary = next((c for c in report["comparisons"] if c.get("primary")), {})
-    (folder / "plots").mkdir(exist_ok=True)
-    picture = "plots/eval_preferences.png"
+    (folder / PLOTS_FOLDER).mkdir(exist_ok=True)
+    picture = f"{PLOTS_FOLDER}/eval_preferences.png"
     drawn = plot_preferences(primary, folder / picture)
-    (folder / "eval.md").write_text(eval_markdown(report, picture if drawn else None))
+    (folder / EVAL_MD).write_text(eval_markdown(report, picture if drawn else None))
 
 
 def write_audit(folder: Path, answers: dict[str, list[dict]], records: list[dict]) -> None:
     """Every answer and every verdict record: FOLDER/eval/answers.jsonl and verdicts.jsonl."""
-    (folder / "eval").mkdir(parents=True, exist_ok=True)
+    (folder / EVAL_AUDIT_FOLDER).mkdir(parents=True, exist_ok=True)
     for name, rows in (("answers", [r for rs in answers.values() for r in rs]),
                        ("verdicts", records)):
-        (folder / "eval" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        rows_text = "".join(json.dumps(r) + "\n" for r in rows)
+        (folder / EVAL_AUDIT_FOLDER / f"{name}.jsonl").write_text(rows_text)
 
 
 def eval_markdown(report: dict, picture: str | None = None) -> str:
@@ -321,13 +303,13 @@ def evaluate_run(cfg: Config, run: RunDir, against: list[RunDir] = (), limit: in
                  progress: bool = True) -> dict:
     """Evaluate DIR's policy against its base and against each `against` run's policy."""
     prompts = held_out_prompts(cfg, run, limit or cfg.eval.limit)
-    systems = [System("policy", cfg.policy.model, final_adapter(run)),
+    systems = [System("policy", cfg.policy.model, str(run.final_adapter())),
                System("base", cfg.policy.model, None)]
     pairs = [("policy vs base", "policy", "base")]
     for other in against:
         check_unseen(prompts, other)
         name = f"policy of {other.path.name}"
-        systems.append(System(name, other.load_config().policy.model, final_adapter(other)))
+        systems.append(System(name, other.load_config().policy.model, str(other.final_adapter())))
         pairs.append((f"policy vs {name}", "policy", name))
     report, answers, records = compare_systems(cfg, systems, prompts, pairs, progress)
     write_eval(run.path, report, answers, records)

@@ -3,7 +3,8 @@ as a plain transformers folder that loads without peft (docs/design.md, "Trainin
 online DPO, devices").
 
 OUT loads with `AutoModelForCausalLM.from_pretrained(OUT)` without peft; the adapter merged is
-that of the last round that trained one, else `DIR/train/adapter`.
+the run's adapter as `wim eval` finds it (`RunDir.final_adapter`: the last round's, else
+`DIR/train/adapter`; none there is an error naming the command that trains it).
 """
 
 from __future__ import annotations
@@ -13,30 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.evaluate import round_runs
 from wim.errors import InputError
 from wim.models import load_causal_lm
 from wim.rundir import RunDir
-
-
-def last_adapter(run_dir: Path) -> Path:
-    """The adapter of the last round that trained one, else DIR/train/adapter."""
-    run = RunDir(run_dir)
-    for r in [*reversed(round_runs(run)), run]:
-        adapter = r.file("train") / "adapter"
-        if (adapter / "adapter_config.json").is_file():
-            return adapter
-    raise InputError(f"{run_dir} holds no trained adapter (no train/adapter/adapter_config.json"
-                     f"{' in any round' if run.file('rounds').is_dir() else ''}). Train first: "
-                     f"`wim run CONFIG --out {run_dir}` or `wim train {run_dir}`.")
 
 
 def export_merged(run_dir: Path, out: Path) -> dict[str, Any]:
     """Merge the run's last adapter into its base policy and save the result to `out`."""
     from peft import PeftModel
 
-    cfg = RunDir(run_dir).load_config()
-    adapter = last_adapter(run_dir)
+    run = RunDir(run_dir)
+    cfg = run.load_config()
+    adapter = run.final_adapter()
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out} exists and is not empty; give --merged a new folder.")
     start = time.perf_counter()

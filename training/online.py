@@ -35,7 +35,7 @@ from typing import Any
 from wim.config import Config
 from wim.metrics import SystemSummary
 from wim.pairs import choose
-from wim.rundir import RunDir
+from wim.rundir import LOG_HISTORY, ONLINE_JUDGEMENTS, ONLINE_STEPS, TRAIN_METRICS, RunDir
 
 # The systems online DPO reports per step: the mixed score is the reward itself.
 SYSTEMS = ("numeric", "wim")
@@ -171,9 +171,9 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None) 
     # Decided where training runs, as offline (RunDir.training_dtype).
     cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
     res = resources or Resources(cfg)
-    out = run.file("train")
+    out = run.train_folder
     out.mkdir(parents=True, exist_ok=True)
-    judgements = out / "online_judgements.jsonl"
+    judgements = out / ONLINE_JUDGEMENTS
     judgements.unlink(missing_ok=True)  # online training restarts from step 0
     prompts = res.prompts()
     dataset = datasets.Dataset.from_list([{"prompt": list(p.messages)} for p in prompts])
@@ -192,18 +192,18 @@ def online_run(cfg: Config, run: RunDir, progress: bool = True, resources=None) 
         trainer.train()
     seconds = time.perf_counter() - start
     trainer.model.eval()
-    trainer.model.save_pretrained(out / "adapter")
-    tokenizer.save_pretrained(out / "adapter")
+    trainer.model.save_pretrained(run.adapter)
+    tokenizer.save_pretrained(run.adapter)
     history = trainer.state.log_history
-    (out / "log_history.json").write_text(json.dumps(history, indent=2))
-    (out / "online_steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in reward.steps))
+    (out / LOG_HISTORY).write_text(json.dumps(history, indent=2))
+    (out / ONLINE_STEPS).write_text("".join(json.dumps(s) + "\n" for s in reward.steps))
     losses = [h["loss"] for h in history if "loss" in h]
     metrics: dict[str, Any] = {
         "train/mode": "online", "train/steps": trainer.state.global_step,
         "train/loss_first": losses[0] if losses else None,
         "train/loss_last": losses[-1] if losses else None, "time/train": round(seconds, 3),
         **reward.summary(), **peak_memory("train")}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / TRAIN_METRICS).write_text(json.dumps(metrics, indent=2))
     report = {**metrics, "judge/role": cfg.judge.role, "policy/model": cfg.policy.model,
               "score/zeta": cfg.scoring.zeta, "online/tie_policy": cfg.training.online_tie_policy,
               "score/on_parse_failure": cfg.judge.on_parse_failure}

@@ -29,14 +29,10 @@ from data_gen.pipeline import Resources, run_stages
 from wim.config import Config
 from wim.errors import InputError
 from wim.report import write_rounds_report
-from wim.rundir import RunDir
+from wim.rundir import ROUND_MARKER, RunDir
 from wim.stages import STAGES
 
 logger = logging.getLogger(__name__)
-
-
-def round_dir(run: RunDir, r: int) -> RunDir:
-    return RunDir(run.path.resolve() / "rounds" / str(r))
 
 
 def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None, shard=None,
@@ -64,7 +60,7 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None, 
     previous = cfg.policy.adapter
     with contextlib.closing(resources or Resources(cfg)) as res:
         for r in range(1, rounds + 1):
-            rdir = round_dir(run, r)
+            rdir = run.round(r)
             rcfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
                                                                        adapter=previous))
             _start_round(run, rdir, r, rounds, previous)
@@ -77,7 +73,7 @@ def run_rounds(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None, 
             rdir.save_config(rcfg)
             skipped += [f"{r}/{s}" for s in stats.get("run/skipped_stages", [])]
             reports.append(stats)
-            previous = str(rdir.file("train") / "adapter")  # absolute: round_dir resolves
+            previous = str(rdir.adapter)  # absolute: RunDir.round resolves
     if "eval" in stages:  # the final policy (last round's adapter) against the base, once
         eval_stats = run_stages(cfg, run, ("eval",), progress=progress)
         skipped += eval_stats["run/skipped_stages"]
@@ -94,14 +90,14 @@ def _start_round(run: RunDir, rdir: RunDir, r: int, rounds: int, previous: str |
     """Record which adapter round r starts from; when it changed since the round ran, the
     round and every later one are stale and removed (their samples came from another policy)."""
     sha = file_sha256(Path(previous) / "adapter_model.safetensors") if previous else None
-    marker = rdir.file("round.json")
+    marker = rdir.file(ROUND_MARKER)
     if marker.is_file():
         if json.loads(marker.read_text()).get("previous_adapter_sha256") == sha:
             return
         logger.warning("round %d started from another adapter than round %d now gives; rounds "
                        "%d-%d run again", r, r - 1, r, rounds)
         for later in range(r, rounds + 1):
-            shutil.rmtree(round_dir(run, later).path, ignore_errors=True)
+            shutil.rmtree(run.round(later).path, ignore_errors=True)
     rdir.ensure_folder()
     marker.write_text(json.dumps({"round": r, "previous_adapter": previous,
                                   "previous_adapter_sha256": sha}, indent=2))

@@ -39,7 +39,7 @@ from wim.config import Config
 from wim.errors import InputError
 from wim.models import load_causal_lm
 from wim.records import RecordsError
-from wim.rundir import RunDir
+from wim.rundir import ADAPTER_NAME, LOG_HISTORY, TRAIN_METRICS, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +62,14 @@ def train_run(cfg: Config, run: RunDir, progress: bool = True,
     # bfloat16 on a GPU); a policy already in memory in the run's dtype trains under autocast.
     cfg = replace(cfg, policy=replace(cfg.policy, dtype=run.training_dtype(cfg)))
     lm = resources.trainable_lm(cfg.policy.dtype) if resources is not None else None
-    metrics, model = train_dpo_model(cfg, run.pairs, run.file("train"), progress=progress,
+    metrics, model = train_dpo_model(cfg, run.pairs, run.train_folder, progress=progress,
                                      resume_key=resume_key, lm=lm)
     if lm is not None:
-        resources.set_trained((model, lm[1]), str(run.file("train") / "adapter"))
+        resources.set_trained((model, lm[1]), str(run.adapter))
     if (cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm"
             and process_state().is_main_process):
         # The next round (and `wim eval`) samples by this name on the policy's server.
-        metrics["train/served_adapter"] = serve_adapter(cfg.http, run.file("train") / "adapter")
+        metrics["train/served_adapter"] = serve_adapter(cfg.http, run.adapter)
     metrics["time/train"] = time.perf_counter() - start
     if process_state().is_main_process:
         run.write_stats("train", metrics)
@@ -150,9 +150,9 @@ def train_dpo_model(
                **peak_memory("train")}
     _write_rank(out_dir, state, trainer.state.global_step, final)
     if state.is_main_process:
-        save_adapter(trained, tokenizer, out_dir / "adapter", final)
-        (out_dir / "log_history.json").write_text(json.dumps(history, indent=2))
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        save_adapter(trained, tokenizer, out_dir / ADAPTER_NAME, final)
+        (out_dir / LOG_HISTORY).write_text(json.dumps(history, indent=2))
+        (out_dir / TRAIN_METRICS).write_text(json.dumps(metrics, indent=2))
     logger.info("DPO: %d steps on %d pairs in %.1f s", metrics["train/steps"], n_pairs, seconds)
     return metrics, trained
 

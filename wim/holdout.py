@@ -17,8 +17,8 @@ from pathlib import Path
 from wim.errors import InputError
 from wim.prompts import Prompt, load_prompts
 from wim.records import write_atomic
+from wim.rundir import SPLIT
 
-SPLIT_FILE = "split.json"
 RULE = ("prompts.holdout prompts, ranked within each domain by sha256('wim-holdout:' + id), "
         "domains taking turns; chosen before prompts.limit")
 
@@ -56,12 +56,12 @@ def load_split(source: str, split: str, limit: int | None,
 
 def write_split(folder: Path, train: list[Prompt], held: list[Prompt]) -> None:
     data = {"rule": RULE, "holdout": [p.id for p in held], "train": [p.id for p in train]}
-    path = Path(folder) / SPLIT_FILE
+    path = Path(folder) / SPLIT
     write_atomic(path, [json.dumps(data, indent=1)])
 
 
 def read_split(folder: Path) -> dict | None:
-    path = Path(folder) / SPLIT_FILE
+    path = Path(folder) / SPLIT
     if not path.is_file():
         return None
     try:

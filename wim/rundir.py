@@ -49,8 +49,36 @@ JUDGE_NOT_IDENTITY = ("on_parse_failure", "http", "batch", "batch_retry", "batch
 # The http keys that change which model writes a record (or what it refuses as too long); the
 # others (concurrency, timeout_s, ...) change only how requests are sent, so may differ per run.
 HTTP_IDENTITY_KEYS = ("model", "base_urls", "context_tokens", "adapter_serving")
+# The run directory's files, relative to it; named nowhere else (tests/test_run_files.py).
+CONFIG_FILE = "resolved_config.yaml"
+SAMPLES, JUDGEMENTS, SCORES, PAIRS = ("samples.jsonl", "judgements.jsonl", "scores.jsonl",
+                                      "pairs.jsonl")
+PAIRS_FOLDER, PAIRS_CARD = "pairs", "pairs.README.md"  # a `datasets` folder; a card of pairs.jsonl
+DATASET_FOLDER = "dataset"  # the Hub-ready dataset (data_gen/completions)
+SPLIT = "split.json"  # which prompts are held out of training (wim/holdout)
+AGREEMENT, SIMILARITIES = "agreement.json", "similarities.sqlite"  # labels vs WIM; score cache
+SCORE_PROGRESS = "stats/score_progress.json"  # the settings of a score pass under way
+STATS_FOLDER, TRAIN_FOLDER, PLOTS_FOLDER = "stats", "train", "plots"
+# In train/: TRL's log history, the training's metrics, online DPO's verdicts and steps.
+LOG_HISTORY, TRAIN_METRICS = "log_history.json", "metrics.json"
+ONLINE_JUDGEMENTS, ONLINE_STEPS = "online_judgements.jsonl", "online_steps.jsonl"
+ADAPTER_NAME = "adapter"  # the adapter's folder in train/
+ADAPTER = f"{TRAIN_FOLDER}/{ADAPTER_NAME}"
+ADAPTER_CONFIG = "adapter_config.json"  # in the adapter's folder: it is a trained adapter
+ADAPTER_WEIGHTS = f"{ADAPTER}/adapter_model.safetensors"
+EVAL, EVAL_MD, EVAL_AUDIT_FOLDER = "eval.json", "eval.md", "eval"  # eval/: answers, verdicts
+REPORT, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+ROUNDS_FOLDER = "rounds"  # rounds/<r>/: one run directory per round of a multi-round run
+ROUND_MARKER = "round.json"  # in rounds/<r>/: the adapter the round started from
+BATCH_FOLDER = "batch"  # provider batch files (data_gen/batch_submit)
+REFINE_FOLDER = "refine"  # `wim refine`'s outputs
+
 _PACKAGES = ("wim", "torch", "transformers", "trl", "peft", "datasets", "sentence-transformers",
              "accelerate")
+
+
+def stats_name(stage: str) -> str:  # relative to the run directory
+    return f"{STATS_FOLDER}/{stage}.json"
 
 
 class RunDirError(WimError):
@@ -110,32 +138,74 @@ class RunDir:
 
     @property
     def config_file(self) -> Path:
-        return self.path / "resolved_config.yaml"
+        return self.path / CONFIG_FILE
 
     def file(self, name: str) -> Path:
         return self.path / name
 
     @property
     def samples(self) -> Path:
-        return self.path / "samples.jsonl"
+        return self.path / SAMPLES
 
     @property
     def judgements(self) -> Path:
-        return self.path / "judgements.jsonl"
+        return self.path / JUDGEMENTS
 
     @property
     def scores(self) -> Path:
-        return self.path / "scores.jsonl"
+        return self.path / SCORES
 
     @property
     def pairs(self) -> Path:
-        return self.path / "pairs.jsonl"
+        return self.path / PAIRS
+
+    @property
+    def train_folder(self) -> Path:
+        return self.path / TRAIN_FOLDER
+
+    @property
+    def adapter(self) -> Path:
+        """Where this run directory's training writes its adapter (see final_adapter)."""
+        return self.path / ADAPTER
+
+    @property
+    def batch_folder(self) -> Path:
+        return self.path / BATCH_FOLDER
+
+    @property
+    def rounds_folder(self) -> Path:
+        return self.path / ROUNDS_FOLDER
+
+    def round(self, r: int) -> RunDir:
+        """Round r's run directory, rounds/<r>/ (absolute, so adapters named from it are)."""
+        return RunDir(self.path.resolve() / ROUNDS_FOLDER / str(r))
+
+    def round_runs(self) -> list[RunDir]:
+        """Its rounds in order (rounds/<r>/, a multi-round run), else itself: the last trained."""
+        folder = self.rounds_folder
+        rounds = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
+                        key=lambda p: int(p.name)) if folder.is_dir() else []
+        return [RunDir(p) for p in rounds] or [self]
+
+    def final_adapter(self) -> Path:
+        """The run's trained adapter: its last round's (a multi-round run), else train/adapter.
+        None trained yet is an error naming the command that trains it."""
+        last = self.round_runs()[-1]
+        if not (last.adapter / ADAPTER_CONFIG).is_file():
+            train = (f"`wim train {self.path}` or " if last is self else "") + (
+                f"`wim run CONFIG --out {self.path}`")
+            raise RunDirError(f"{self.path} holds no trained adapter ("
+                              f"{last.adapter / ADAPTER_CONFIG} is missing). Train first: {train}.")
+        return last.adapter
+
+    def stats_file(self, stage: str) -> Path:
+        """stats/<stage>.json: a stage's counts, timings, fingerprint (data_gen/fingerprints)."""
+        return self.path / stats_name(stage)
 
     def write_stats(self, stage: str, stats: dict) -> None:
-        """stats/<stage>.json: a stage's counts, timings, fingerprint (data_gen/fingerprints)."""
-        folder = self.file("stats")
-        folder.mkdir(exist_ok=True)
-        (folder / f"{stage}.json").write_text(json.dumps(stats, indent=2))
+        path = self.stats_file(stage)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(stats, indent=2))
 
     def require(self, name: str, command: str) -> list[dict]:
         """A stage's input records; none is an error naming the command that makes them."""

@@ -19,6 +19,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wim.rundir import (
+    ADAPTER_WEIGHTS,
+    AGREEMENT,
+    DATASET_FOLDER,
+    EVAL,
+    JUDGEMENTS,
+    LOG_HISTORY,
+    PAIRS,
+    PAIRS_CARD,
+    PAIRS_FOLDER,
+    REPORT,
+    REPORT_HTML,
+    REPORT_MD,
+    SAMPLES,
+    SCORES,
+    SPLIT,
+    TRAIN_FOLDER,
+    stats_name,
+)
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -44,41 +64,37 @@ class Stage:
     @property
     def stats_file(self) -> str:
         """Its counts, timings and fingerprint (RunDir.write_stats)."""
-        return f"stats/{self.name}.json"
-
-
-ADAPTER = "train/adapter/adapter_model.safetensors"
+        return stats_name(self.name)
 
 # In the order `wim run` runs them.
 STAGES: tuple[Stage, ...] = (
     Stage("generate", "data_gen.generate",
           "sample k responses per prompt from the policy (samples.jsonl)",
-          outputs=("samples.jsonl",), reads_prompts=True),
+          outputs=(SAMPLES,), reads_prompts=True),
     Stage("judge", "data_gen.judge",
           "judge each sample: what is missing + a 1-10 rating (judgements.jsonl)",
-          inputs=("samples.jsonl",), outputs=("judgements.jsonl",), reads_prompts=True),
+          inputs=(SAMPLES,), outputs=(JUDGEMENTS,), reads_prompts=True),
     Stage("score", "data_gen.score",
           "(re-)score judgements with scoring.zeta and the embedder; no judge calls",
-          sections=("scoring", "judge.on_parse_failure"), inputs=("judgements.jsonl",),
-          outputs=("scores.jsonl",)),
+          sections=("scoring", "judge.on_parse_failure"), inputs=(JUDGEMENTS,),
+          outputs=(SCORES,)),
     # The card shows the scoring and judge settings; agreement.json uses validity's zetas.
     Stage("pairs", "data_gen.pairs", "build chosen/rejected pairs (pairs.jsonl, pairs/ dataset)",
           sections=("pairs", "export", "card", "scoring", "judge.on_parse_failure",
                     "eval.compare_zetas"),
-          inputs=("scores.jsonl",),
-          outputs=("pairs.jsonl", "pairs/README.md", "pairs.README.md", "dataset/README.md")),
+          inputs=(SCORES,),
+          outputs=(PAIRS, f"{PAIRS_FOLDER}/README.md", PAIRS_CARD, f"{DATASET_FOLDER}/README.md")),
     Stage("train", "training.train", "DPO-train a LoRA adapter on the pairs with TRL (train/)",
-          sections=("lora", "dpo", "wandb", "training"), inputs=("pairs.jsonl",),
-          outputs=(ADAPTER,), trains=True),
+          sections=("lora", "dpo", "wandb", "training"), inputs=(PAIRS,),
+          outputs=(ADAPTER_WEIGHTS,), trains=True),
     Stage("eval", "training.evaluate", None,
           sections=("eval", "blind", "prompts.holdout", "generation"),
-          inputs=(ADAPTER, "split.json"), outputs=("eval.json",), trains=True),
+          inputs=(ADAPTER_WEIGHTS, SPLIT), outputs=(EVAL,), trains=True),
     # The report prices the tokens (wim/pricing.py); no other stage reads a price.
     Stage("report", "data_gen.report", "write report.json, report.md, report.html and plots/",
           sections=("scoring", "pairs", "wandb", "report", "http.price", "judge.http.price"),
-          inputs=("judgements.jsonl", "scores.jsonl", "pairs.jsonl", "eval.json",
-                  "agreement.json", "train/log_history.json"),
-          outputs=("report.json", "report.md", "report.html"), reads_stats=True),
+          inputs=(JUDGEMENTS, SCORES, PAIRS, EVAL, AGREEMENT, f"{TRAIN_FOLDER}/{LOG_HISTORY}"),
+          outputs=(REPORT, REPORT_MD, REPORT_HTML), reads_stats=True),
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from wim.config import Config
 from wim.records import iter_keyed
-from wim.rundir import RunDir
+from wim.rundir import REPORT, RunDir
 
 CRITIQUE_COLUMNS = ["round", "prompt_id", "sample_idx", "prompt", "response", "critique",
                     "rating", "parse_ok", "similarity", "score"]
@@ -47,6 +47,6 @@ def log_rounds(cfg: Config, run: RunDir, report: dict[str, Any], rounds: int) ->
     """A run of `rounds` rounds (DIR/rounds/<r>/report.json)."""
     items = []
     for r in range(1, rounds + 1):
-        rdir = run.path / "rounds" / str(r)
-        items.append((r, json.loads((rdir / "report.json").read_text()), rdir / "scores.jsonl"))
+        rdir = run.round(r)
+        items.append((r, json.loads(rdir.file(REPORT).read_text()), rdir.scores))
     log_run(cfg, items, summary=report)

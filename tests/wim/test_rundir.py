@@ -181,3 +181,18 @@ def test_unwritable_folder(tmp_path: Path, capsys, monkeypatch) -> None:
     assert main(["generate", str(QUICKSTART), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "permission denied" in err and str(out) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_a_run_without_an_adapter_names_what_trains_it(tmp_path: Path, command: str) -> None:
+    """`wim export` and `wim eval` find the run's adapter one way (RunDir.final_adapter): none
+    trained is one message naming the command to run, exit 2, no traceback."""
+    run = RunDir(tmp_path / "run")
+    run.claim(load_config(QUICKSTART))
+    args = ([command, str(run.path), "--merged", str(tmp_path / "merged")]
+            if command == "export" else [command, str(run.path), "--limit", "1"])
+    proc = run_wim(args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{run.path} holds no trained adapter ({run.adapter}/adapter_config.json" in proc.stderr
+    assert f"`wim train {run.path}`" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "merged").exists()

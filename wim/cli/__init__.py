@@ -22,7 +22,7 @@ from wim.cli import evaluation, refinement
 from wim.cli.parser import build_parser, stage_commands
 from wim.config import ConfigError, load_config
 from wim.errors import StageIncomplete, WimError
-from wim.rundir import RunDir
+from wim.rundir import REPORT, REPORT_MD, ROUND_MARKER, ROUNDS_FOLDER, RunDir
 
 
 def _set_up_logging(verbose: bool) -> None:
@@ -154,12 +154,12 @@ def _check_rounds_command(cfg, args, out: Path) -> None:
                           f"{args.command}`); build the pairs first with `wim run CONFIG --out "
                           "DIR --skip-train` in one process, then `accelerate launch -m wim train "
                           "DIR`.")
-    several = cfg.training.rounds > 1 and not (out / "round.json").is_file()
+    several = cfg.training.rounds > 1 and not RunDir(out).file(ROUND_MARKER).is_file()
     if args.command != "run" and (several or cfg.training.mode == "online"):
         raise ConfigError(f"`wim {args.command}` runs one stage of one round; this run has "
                           f"training.rounds={cfg.training.rounds}, mode {cfg.training.mode}. Use "
                           f"`wim run` for the whole run, or point at a round's folder "
-                          f"({out / 'rounds' / '1'}).")
+                          f"({out / ROUNDS_FOLDER / '1'}).")
 
 
 def _distributed() -> bool:
@@ -194,7 +194,7 @@ def _print_result(result: dict, stages: tuple[str, ...], out: Path) -> None:
               f"{', '.join(result['run/skipped_stages'])}", file=sys.stderr)
     if "report" in stages:
         verb = "unchanged:" if "report" in result.get("run/skipped_stages", []) else "wrote"
-        print(f"{verb} {out / 'report.md'} and {out / 'report.json'}")
+        print(f"{verb} {out / REPORT_MD} and {out / REPORT}")
         keys = ("pairs/count", "pairs/tie_rate/numeric", "pairs/tie_rate/wim",
                 "judge/parse_fail_rate", "judge/echoed_rubric", "judge/backend_failed",
                 "train/loss_first", "train/loss_last")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from wim.config import load_config
-from wim.rundir import RunDir
+from wim.rundir import EVAL, RunDir
 
 
 def eval_command(args) -> int:
@@ -18,7 +18,7 @@ def eval_command(args) -> int:
     against = [RunDir(Path(d)) for d in args.against]
     with run.lock():
         report = evaluate_run(cfg, run, against, limit=args.limit, progress=not args.no_progress)
-    return _print_eval(report, run.path / "eval.json")
+    return _print_eval(report, run.file(EVAL))
 
 
 def _print_eval(report: dict, path: Path) -> int:

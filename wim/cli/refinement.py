@@ -12,22 +12,20 @@ from wim.errors import InputError
 
 def refine_command(args: argparse.Namespace) -> int:
     """`wim refine CONFIG --out DIR`."""
-    import yaml
 
     from wim.config import load_config
     from wim.prompts import load_prompts
     from wim.records import write_records_atomic
     from wim.refine import runner, summary
-    from wim.rundir import RunDir
+    from wim.rundir import PLOTS_FOLDER, REFINE_FOLDER, RunDir
 
     cfg = load_config(args.source, args.overrides)
     prompts = load_prompts(cfg.prompts.source, split=cfg.prompts.split, limit=cfg.prompts.limit)
     out = Path(args.out)
     with RunDir(out).lock():
-        folder = out / "refine"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "resolved_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(),
-                                                                    sort_keys=False))
+        folder = out / REFINE_FOLDER
+        RunDir(folder).ensure_folder()
+        RunDir(folder).save_config(cfg)  # resolved_config.yaml, as every run directory's
         policy, evaluator, el_name = runner.open_models(cfg)
         try:
             trajectories = runner.run_master(cfg, prompts, policy, evaluator,
@@ -43,15 +41,15 @@ def refine_command(args: argparse.Namespace) -> int:
         result["loop_evaluator"] = el_name
         result["policy"], result["seed"] = cfg.policy.model, cfg.seed  # for refine-2x2 checks
         pairs = summary.refinement_pairs(cfg, prompts, trajectories, outcomes, scores)
-        write_records_atomic(folder / "pairs.jsonl", pairs)
+        write_records_atomic(RunDir(folder).pairs, pairs)
         result["pairs"] = {"count": len(pairs), "rule": cfg.refine.pairs_rule,
                            "policy": cfg.refine.pairs_policy}
         summary.write_json(folder / "summary.json", result)
         summary.write_markdown(folder / "summary.md", result)
-        summary.plot(out / "plots" / "refine_quality_vs_tokens.png", result)
+        summary.plot(out / PLOTS_FOLDER / "refine_quality_vs_tokens.png", result)
     print(f"wrote {folder / 'trajectories.jsonl'}, {folder / 'summary.md'}, "
-          f"{folder / 'summary.json'}, {folder / 'pairs.jsonl'} and "
-          f"{out / 'plots' / 'refine_quality_vs_tokens.png'}")
+          f"{folder / 'summary.json'}, {RunDir(folder).pairs} and "
+          f"{out / PLOTS_FOLDER / 'refine_quality_vs_tokens.png'}")
     print(json.dumps({name: {k: row[k] for k in ("attempts_mean", "tokens_mean", "blind_mean")}
                       for name, row in result["policies"].items()}, indent=2))
     return 0
@@ -60,10 +58,11 @@ def refine_command(args: argparse.Namespace) -> int:
 def refine_2x2_command(args: argparse.Namespace) -> int:
     """`wim refine-2x2 SAME CROSS`: main effects and interaction, Holm-adjusted."""
     from wim.refine.analysis import interaction_from_summaries
+    from wim.rundir import REFINE_FOLDER
 
     summaries = []
     for folder in (args.same, args.cross):
-        path = Path(folder) / "refine" / "summary.json"
+        path = Path(folder) / REFINE_FOLDER / "summary.json"
         if not path.is_file():
             raise InputError(f"{path}: not found; run `wim refine CONFIG --out {folder}` first.")
         summaries.append(json.loads(path.read_text()))

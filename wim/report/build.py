@@ -34,7 +34,7 @@ from wim.report.sections import (
     source_lines,
     tie_delta_table,
 )
-from wim.rundir import RunDir
+from wim.rundir import EVAL, REPORT, REPORT_HTML, REPORT_MD, SCORES, RunDir
 
 SMALL_JUDGES = ("bundled:smollm2-135m-instruct",)
 SMALL_JUDGE_NOTE = (
@@ -51,7 +51,7 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
     for stage in stages.STAGES:
         if stage.reads_stats:  # the report itself
             continue
-        path = run.file(stage.stats_file)
+        path = run.stats_file(stage.name)
         if path.exists():
             stats = json.loads(path.read_text())
             stats.pop("fingerprint", None)  # for skipping finished stages, not a metric
@@ -68,7 +68,7 @@ def collect_metrics(cfg: Config, run: RunDir) -> dict[str, Any]:
             served.add(j["judge_served_model"])
     scores = RecordIndex(run.scores)
     if not len(scores):
-        run.require("scores.jsonl", "wim score")  # the clear error: nothing to report on
+        run.require(SCORES, "wim score")  # the clear error: nothing to report on
     pairs = PairStatistics(cfg.scoring.zeta, cfg.scoring.report_zetas, cfg.pairs.tie_tolerance)
     for group in scores.groups():
         pairs.add(group)
@@ -96,7 +96,7 @@ def write_report_json(run: RunDir, report: dict[str, Any]) -> dict[str, Any]:
     """report.json, the one writer (the run's, the rounds' and online DPO's): sorted keys,
     NaN as null so that any JSON reader takes it. Returns what was written."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    run.file("report.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    run.file(REPORT).write_text(json.dumps(clean, indent=2, sort_keys=True))
     return clean
 
 
@@ -110,10 +110,10 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
     evaluation = read_evaluation(run)
     plots = make_plots(cfg, run, clean, evaluation)
     markdown = render_markdown(clean, cfg, plots, evaluation, read_agreement(run))
-    run.file("report.md").write_text(markdown)
+    run.file(REPORT_MD).write_text(markdown)
     entries, prompts = browser_entries(run, cfg.scoring.zeta, cfg.pairs.tie_tolerance,
                                        cfg.report.browser_prompts, cfg.seed)
-    run.file("report.html").write_text(render_html(
+    run.file(REPORT_HTML).write_text(render_html(
         markdown, run.path, entries, small_judge=clean.get("judge/model") in SMALL_JUDGES,
         total_prompts=prompts))
     return clean
@@ -121,7 +121,7 @@ def write_report(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 def read_evaluation(run: RunDir) -> dict[str, Any] | None:
     """DIR/eval.json (written by `wim eval`), checked for the keys the report reads."""
-    return read_run_json(run, "eval.json", "wim eval",
+    return read_run_json(run, EVAL, "wim eval",
                          lambda d: (isinstance(d, dict) and isinstance(d.get("comparisons"), list)
                                     and all(isinstance(c, dict) for c in d["comparisons"])),
                          "an object with a 'comparisons' list of objects")

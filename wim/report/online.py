@@ -8,7 +8,7 @@ from typing import Any
 from wim.config import Config
 from wim.markdown import fmt_value, markdown_table
 from wim.report.build import write_report_json
-from wim.rundir import RunDir
+from wim.rundir import REPORT_MD, RunDir
 
 
 def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
@@ -27,5 +27,5 @@ def write_online_report(cfg: Config, run: RunDir, report: dict[str, Any],
             "tie_rate/wim", "delta/numeric", "delta/wim"]
     lines += markdown_table(["step", *keys],
                             [[s["step"], *(fmt_value(s.get(k)) for k in keys)] for s in steps])
-    run.file("report.md").write_text("\n".join(lines) + "\n")
+    run.file(REPORT_MD).write_text("\n".join(lines) + "\n")
     return r

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from wim.metrics import system_values
+from wim.rundir import LOG_HISTORY, PLOTS_FOLDER
 
 SYSTEM_LABELS = {"numeric": "numeric (rating)", "wim": "WIM (similarity)", "mixed": "mixed"}
 # Keys of TRL's DPO log history (trl/trainer/dpo_trainer.py) drawn per step.
@@ -246,7 +247,7 @@ def make_plots(cfg, run, report: dict[str, Any],
     in DIR/plots/, ours first, then any other PNG found there."""
     from wim.records import iter_keyed
 
-    folder = run.file("plots")
+    folder = run.file(PLOTS_FOLDER)
     for name in OWN_PLOTS:  # a plot without data this time must not survive from before
         (folder / name).unlink(missing_ok=True)
     plot_score_distributions((r for _, r in iter_keyed(run.scores)), cfg.scoring.zeta,
@@ -269,10 +270,10 @@ def make_plots(cfg, run, report: dict[str, Any],
 def training_history(run) -> list[dict[str, Any]]:
     """TRL's per-step log: DIR/rounds/<r>/train/log_history.json of every round, steps
     numbered on across rounds, when a multi-round run has them; else DIR/train/log_history.json."""
-    files = sorted((p for p in run.file("rounds").glob("*/train/log_history.json")
-                    if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3]))
+    files = [p for r in run.round_runs() if r is not run
+             and (p := r.train_folder / LOG_HISTORY).is_file()]
     if not files:
-        single = run.file("train") / "log_history.json"
+        single = run.train_folder / LOG_HISTORY
         return json.loads(single.read_text()) if single.is_file() else []
     history: list[dict[str, Any]] = []
     offset = 0

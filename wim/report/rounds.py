@@ -10,7 +10,7 @@ from wim.config import Config
 from wim.markdown import fmt_value, markdown_table
 from wim.report.build import read_evaluation, write_report_json
 from wim.report.evaluation import evaluation_body
-from wim.rundir import RunDir
+from wim.rundir import REPORT_MD, RunDir
 
 # Metrics copied into the run's report.json per round, as `round/<r>/<key>`.
 ROUND_KEYS = ("pairs/count", "pairs/tie_rate/", "pairs/delta/", "pairs/delta_best_worst/",
@@ -55,5 +55,5 @@ def write_rounds_report(cfg: Config, run: RunDir, reports: list[dict[str, Any]]
     lines += markdown_table(["metric", *(f"round {i}" for i in numbers)], [
         [label, *(fmt_value(clean.get(f"round/{i}/{key}")) for i in numbers)]
         for label, key in ROWS])
-    run.file("report.md").write_text("\n".join(lines) + "\n")
+    run.file(REPORT_MD).write_text("\n".join(lines) + "\n")
     return clean

@@ -21,7 +21,7 @@ from wim.markdown import fmt_value, markdown_table, md_cell
 from wim.metrics import PairStatistics
 from wim.records import RecordIndex, RecordsError, iter_records
 from wim.report.evaluation import evaluation_body
-from wim.rundir import RunDir
+from wim.rundir import AGREEMENT, RunDir
 
 SYSTEMS = ("numeric", "wim", "mixed")
 
@@ -52,20 +52,20 @@ def _round_list(value: Any) -> list[dict[str, Any]]:
 def collect_rounds(cfg: Config, run: RunDir, given: Any = None) -> list[dict[str, Any]]:
     """Per-round metrics: `given` (a stats file's `rounds`), else from DIR/rounds/<r>/."""
     rounds = _round_list(given)
-    folder = run.file("rounds")
+    folder = run.rounds_folder
     if rounds or not folder.is_dir():
         return rounds
     for sub in sorted(folder.iterdir(), key=lambda p: (len(p.name), p.name)):
         # One prompt's records at a time, as the run's own report reads them.
-        if not sub.name.isdigit() or not len(scores := RecordIndex(sub / "scores.jsonl")):
+        if not sub.name.isdigit() or not len(scores := RecordIndex(RunDir(sub).scores)):
             continue
         stats = PairStatistics(cfg.scoring.zeta, [], cfg.pairs.tie_tolerance)
         for group in scores.groups():
             stats.add(group)
         entry = {"round": int(sub.name),
                  **{k: v for k, v in stats.result().items() if k.startswith("pairs/")}}
-        if (sub / "pairs.jsonl").is_file():
-            entry["pairs/count"] = sum(1 for _ in iter_records(sub / "pairs.jsonl"))
+        if RunDir(sub).pairs.is_file():
+            entry["pairs/count"] = sum(1 for _ in iter_records(RunDir(sub).pairs))
         rounds.append(entry)
     return rounds
 
@@ -111,7 +111,7 @@ def read_run_json(run: RunDir, name: str, command: str, valid: Callable[[Any], b
 def read_agreement(run: RunDir) -> dict[str, Any] | None:
     """DIR/agreement.json (the pairs stage writes it for a source with its own preferences),
     checked for the keys the report reads."""
-    return read_run_json(run, "agreement.json", "wim pairs",
+    return read_run_json(run, AGREEMENT, "wim pairs",
                          lambda d: (isinstance(d, dict) and isinstance(d.get("systems"), dict)
                                     and isinstance(d.get("table_markdown"), str)),
                          "an object with 'systems' and 'table_markdown'")

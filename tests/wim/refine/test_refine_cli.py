@@ -72,7 +72,7 @@ def _check_decisions(out, rows) -> None:
 
     from wim.refine.controller import ControllerParams, Evaluation, decide
 
-    r = yaml.safe_load((out / "refine" / "resolved_config.yaml").read_text())["refine"]
+    r = yaml.safe_load((out / "refine" / "resolved_config.yaml").read_text())["config"]["refine"]
     params = ControllerParams(gamma=r["gamma"], tau_c=r["tau_c"],
                               critical_guard=r["critical_guard"],
                               penalties={k: dict(v) for k, v in r["penalties"].items()})
