@@ -9,7 +9,7 @@ from typing import Any
 
 from data_gen import stages
 from data_gen.flow import batch_window, ordered_map
-from wim.backends import TransformersBackend, open_backend, open_http_backend
+from wim.backends import TransformersBackend, open_backend
 from wim.config import Config, judge_http
 from wim.judges import BackendJudge, Judge, configured_judge
 from wim.pricing import TOKEN_FIELDS, role_price, usage_fields
@@ -35,7 +35,7 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
     j = cfg.judge
     if j.role == "external" and j.backend == "http":
         http = judge_http(cfg)  # its own endpoint (judge.http), defaulting to the policy's
-        backend = open_http_backend(http)
+        backend = open_backend("http", http.model, http)
         name = http.model
     elif j.role == "external":
         backend = open_backend(j.backend, j.model, cfg.http, batch_size=j.batch_size,
@@ -48,7 +48,7 @@ def make_judge(cfg: Config, policy) -> BackendJudge:
             backend = backend.reference_view(batch_size=j.batch_size)
         elif j.role == "fixed" and cfg.policy.backend == "http" and cfg.policy.adapter:
             # The base model's served name: the frozen reference by construction.
-            backend = open_http_backend(cfg.http, cfg.policy.model)
+            backend = open_backend("http", cfg.policy.model, cfg.http)
         elif cfg.policy.adapter:
             name = f"{name} + adapter {cfg.policy.adapter}"
     return configured_judge(j, backend, role=j.role, model_name=name)

@@ -17,8 +17,7 @@ from typing import Any
 from data_gen.fingerprints import finished_stats, input_fingerprint, prompts_sha256, record_finished
 from data_gen.judge import make_judge
 from data_gen.stages import Shard
-from wim.backends import Backend, TransformersBackend, open_backend, open_http_backend
-from wim.backends.adapter_serving import served_http
+from wim.backends import Backend, open_backend
 from wim.config import Config
 from wim.errors import StageIncomplete
 from wim.holdout import load_split
@@ -143,18 +142,12 @@ class Resources:
     def policy(self) -> Backend:
         if self._policy is None:
             c = self.cfg
-            if c.policy.backend == "transformers":
-                self._policy = TransformersBackend(*self.lm(), batch_size=c.generation.batch_size,
-                                                   label=c.policy.model)
-            elif c.policy.backend == "http":
-                # Served adapters: the server samples by the adapter's name (registered now, so
-                # a resumed run registers again what a restarted server lost).
-                http = served_http(c.http, c.policy.adapter)
-                self._policy = open_http_backend(http, c.policy.model)
-            else:
-                self._policy = open_backend(c.policy.backend, c.policy.model, c.http,
-                                            batch_size=c.generation.batch_size,
-                                            adapter=c.policy.adapter, dtype=c.policy.dtype)
+            # transformers: the model loaded once here, shared with training and the judge.
+            shared = self.lm() if c.policy.backend == "transformers" else None
+            self._policy = open_backend(c.policy.backend, c.policy.model, c.http,
+                                        batch_size=c.generation.batch_size,
+                                        adapter=c.policy.adapter, dtype=c.policy.dtype,
+                                        shared=shared)
         return self._policy
 
     def judge(self) -> BackendJudge:

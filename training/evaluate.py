@@ -22,8 +22,7 @@ from tqdm.auto import tqdm
 
 from data_gen.pipeline import Resources
 from data_gen.stages import Shard
-from wim.backends import SamplingParams, TransformersBackend, open_http_backend
-from wim.backends.adapter_serving import served_http
+from wim.backends import SamplingParams, TransformersBackend, open_backend
 from wim.blind import BlindEvaluator, copied_placeholder, open_blind_evaluator
 from wim.blind_verdicts import PairVerdict
 from wim.config import Config
@@ -106,16 +105,17 @@ def generate_answers(cfg: Config, systems: list[System], prompts: list[Prompt],
     for system in tqdm(systems, desc="eval answers", unit="system", disable=not progress):
         if cfg.policy.backend == "http" and cfg.http.adapter_serving == "vllm":
             # Each system answers on the policy's server, by its adapter's served name.
-            http = served_http(cfg.http, system.adapter)
-            with contextlib.closing(open_http_backend(http, cfg.policy.model)) as backend:
-                out[system.name] = _answer(backend, cfg, prompts, params, system, http.model)
+            backend = open_backend("http", cfg.policy.model, cfg.http, adapter=system.adapter)
+            served = backend.model if system.adapter else cfg.http.model  # the base: as set
+            with contextlib.closing(backend):
+                out[system.name] = _answer(backend, cfg, prompts, params, system, served)
             continue
         if system.adapter is None and current is not None and current[0] == system.model:
             backend = current[1].reference_view()
         else:
             current = None  # free the previous model before loading the next
-            backend = TransformersBackend.load(system.model, batch_size=g.batch_size,
-                                               adapter=system.adapter, dtype=cfg.policy.dtype)
+            backend = open_backend("transformers", system.model, batch_size=g.batch_size,
+                                   adapter=system.adapter, dtype=cfg.policy.dtype)
             current = (system.model, backend)
         out[system.name] = _answer(backend, cfg, prompts, params, system)
     return out

@@ -66,13 +66,13 @@ class WimReward:
         self.steps: list[dict[str, Any]] = []
 
     def _judge(self):
-        from wim.backends import TransformersBackend
+        from wim.backends import open_backend
         from wim.judges import configured_judge
 
-        j, model = self.cfg.judge, self.trainer.model
-        backend = TransformersBackend(model, self.tokenizer, batch_size=j.batch_size,
-                                      label=self.cfg.policy.model,
-                                      without_adapter=j.role == "fixed")
+        # The live trainer model, its adapter switched off for a fixed judge.
+        j, live = self.cfg.judge, (self.trainer.model, self.tokenizer)
+        backend = open_backend("transformers", self.cfg.policy.model, batch_size=j.batch_size,
+                               shared=live, without_adapter=j.role == "fixed")
         name = self.cfg.policy.model + (" (live adapter)" if j.role == "changing" else "")
         return configured_judge(j, backend, role=j.role, model_name=name)
 

@@ -193,3 +193,45 @@ def test_served_adapter_wiring_per_judge_role(role: str, tmp_path: Path, monkeyp
     judged_by = {b["model"] for b, r in zip(server.bodies, server.requests, strict=True)
                  if r[0] == "/v1/chat/completions"}
     assert judged_by == ({"base-served"} if role == "fixed" else {name})
+
+
+def test_refine_policy_samples_a_served_adapter_by_its_name(tmp_path: Path, monkeypatch) -> None:
+    """`wim refine` builds its policy the one way (`open_backend`), so a served
+    `policy.adapter` is registered and sampled by its name, not by the base's."""
+    from wim.refine.runner import open_models
+
+    monkeypatch.setenv("WIM_TEST_SERVING_KEY", "sk-serving")
+    adapter = _adapter(tmp_path / "run", 1)
+    server = ServedPolicy()
+    try:
+        policy, evaluator, _ = open_models(_served_config(server, adapter, "fixed",
+                                                          tmp_path / "run"))
+        policy.close()
+    finally:
+        server.close()
+    assert policy.model == adapter_name(adapter)
+    assert [b["lora_name"] for b in server.bodies] == [adapter_name(adapter)]
+
+
+def test_eval_answers_each_system_by_its_served_name(tmp_path: Path, monkeypatch) -> None:
+    """`wim eval` on a served policy: the trained system is sampled (and recorded) by its
+    adapter's served name, the base by `http.model`."""
+    from training.evaluate import System, generate_answers
+    from wim.prompts import Prompt
+
+    monkeypatch.setenv("WIM_TEST_SERVING_KEY", "sk-serving")
+    adapter = _adapter(tmp_path / "run", 1)
+    server = ServedPolicy()
+    try:
+        cfg = _served_config(server, adapter, "fixed", tmp_path / "run")
+        systems = [System("trained", cfg.policy.model, str(adapter)),
+                   System("base", cfg.policy.model)]
+        prompt = Prompt("p0", "", ({"role": "user", "content": "Name a colour."},))
+        out = generate_answers(cfg, systems, [prompt], progress=False)
+    finally:
+        server.close()
+    name = adapter_name(adapter)
+    sent = [b["model"] for b, r in zip(server.bodies, server.requests, strict=True)
+            if r[0] == "/v1/chat/completions"]
+    assert sent == [name, "base-served"]
+    assert [out[s][0]["served_model"] for s in ("trained", "base")] == [name, "base-served"]

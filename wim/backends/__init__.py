@@ -11,6 +11,7 @@ used, so the optional llama-cpp-python stays optional.
 
 from __future__ import annotations
 
+from wim.backends.adapter_serving import served_http
 from wim.backends.base import Backend, Completion, Conversation, SamplingParams, sample_seed
 from wim.backends.transformers_backend import TransformersBackend
 
@@ -19,10 +20,22 @@ __all__ = ["Backend", "Completion", "Conversation", "SamplingParams", "Transform
 
 
 def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
-                 adapter: str | None = None, dtype: str = "auto") -> Backend:
-    """A `transformers`, `llama_cpp` or `http` backend. `http`: the resolved endpoint (an
-    HTTPConfig: `cfg.http`, `wim.config.judge_http(cfg)`, ...); `adapter` (a LoRA folder) and
-    `dtype` (wim/precision.py) are for transformers only."""
+                 adapter: str | None = None, dtype: str = "auto", shared=None,
+                 without_adapter: bool = False) -> Backend:
+    """The one way from a config section to a backend, for every caller: a `transformers`,
+    `llama_cpp` or `http` backend of `model`.
+    - `http`: the resolved endpoint (an HTTPConfig: `cfg.http`, `wim.config.judge_http(cfg)`,
+      `blind_http(cfg)`); its `model`, when set, is the name sent.
+    - `adapter` (a LoRA folder): loaded with a transformers model; with `http` and
+      `http.adapter_serving: vllm`, registered with the server now (a restarted server loses
+      it) and sampled by its served name; else an http backend ignores it.
+    - `dtype`: wim/precision.py, for transformers only.
+    - `shared`: an already loaded `(model, tokenizer)` (the pipeline's policy, online DPO's
+      live trainer model) to wrap instead of loading `model`, which then only labels it;
+      `without_adapter` runs it with its LoRA adapter switched off (a fixed judge)."""
+    if kind == "transformers" and shared is not None:
+        return TransformersBackend(*shared, batch_size=batch_size, label=model,
+                                   without_adapter=without_adapter)
     if kind == "transformers":
         return TransformersBackend.load(model, batch_size=batch_size, adapter=adapter,
                                         dtype=dtype)
@@ -31,7 +44,7 @@ def open_backend(kind: str, model: str, http=None, batch_size: int = 8,
 
         return LlamaCppBackend.load(model)
     if kind == "http":
-        return open_http_backend(http, model)
+        return open_http_backend(served_http(http, adapter), model)
     raise ValueError(f"unknown backend '{kind}': expected transformers, llama_cpp or http")
 
 
