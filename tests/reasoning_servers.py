@@ -91,12 +91,14 @@ class _Counting(JSONServer):
 
 class HostedReasoningAPI(_Counting):
     """A hosted reasoning model (see the module docstring). `refused[field]`: requests refused
-    for it; `in_flight_at_first[field]`: requests in flight when it was first refused."""
+    for it; `in_flight_at_first[field]`: requests in flight when it was first refused;
+    `answered`: the bodies it answered 200, in the order it answered them."""
 
     def __init__(self, logprobs_403: bool = False) -> None:
         self.logprobs_403 = logprobs_403
         self.refused: dict[str, int] = {}
         self.in_flight_at_first: dict[str, int] = {}
+        self.answered: list[dict] = []
         super().__init__()
 
     def _refuse(self, field: str, status: int, message: str, code: str) -> tuple[int, dict]:
@@ -132,6 +134,8 @@ class HostedReasoningAPI(_Counting):
             thinking = budget
         else:
             content, finish, spent = text, "stop", thinking + len(text) // 4
+        with self._count:
+            self.answered.append(body)
         return 200, {
             "object": "chat.completion", "model": body["model"],
             "choices": [{"index": 0, "finish_reason": finish,
