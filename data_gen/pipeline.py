@@ -24,7 +24,7 @@ from wim.holdout import load_split
 from wim.judges import BackendJudge
 from wim.models import load_causal_lm
 from wim.rundir import REPORT, RunDir
-from wim.stages import STAGES, stage_named
+from wim.stages import STAGES, Stage, stage_named
 
 logger = logging.getLogger(__name__)
 
@@ -169,35 +169,37 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None,
                shard: Shard | None = None, progress: bool = True,
                resources: Resources | None = None, close: bool = True) -> dict[str, Any]:
     """Run the named stages (default: every stage of wim/stages.py) in order; returns the merged
-    stats (the report when it ran). `close`: release the backends at the end (the rounds keep
+    stats (the report when it ran). Names are looked up once, here: an unknown one raises
+    ValueError before any stage runs. `close`: release the backends at the end (the rounds keep
     them). Raises StageIncomplete after a stage that lost records to backend failures."""
-    stages = tuple(s.name for s in STAGES) if stages is None else stages
+    steps = STAGES if stages is None else tuple(stage_named(name) for name in stages)
     res = resources or Resources(cfg)
     stats: dict[str, Any] = {}
     skipped = []
     try:
-        for stage in stages:
-            prompts = res.inputs_sha256() if stage_named(stage).reads_prompts else None
+        for stage in steps:
+            name = stage.name
+            prompts = res.inputs_sha256() if stage.reads_prompts else None
             fingerprint = input_fingerprint(cfg, run, stage, str(shard) if shard else None,
                                             prompts)
             # `wim report DIR` alone always rebuilds: it is cheap, and it is how a report
             # picks up files the fingerprint does not cover (rounds/, plots/ of other tools).
-            rebuild = stage == "report" and stages == ("report",)
+            rebuild = name == "report" and len(steps) == 1
             done = None if rebuild else finished_stats(run, stage, fingerprint)
             if done is not None:
                 logger.info("stage %s: config and inputs unchanged since it finished; skipped",
-                            stage)
-                skipped.append(stage)
-                stats = _report(run) if stage == "report" else {**stats, **done}
+                            name)
+                skipped.append(name)
+                stats = _report(run) if name == "report" else {**stats, **done}
                 continue
-            logger.info("stage %s", stage)
+            logger.info("stage %s", name)
             out = runner(stage)(cfg, run, res, shard, progress, fingerprint)
-            stats = out if stage == "report" else {**stats, **out}
-            lost = out.get(f"{stage}/backend_failed", 0)
-            exhausted = out.get(f"{stage}/budget_exhausted", 0)
+            stats = out if name == "report" else {**stats, **out}
+            lost = out.get(f"{name}/backend_failed", 0)
+            exhausted = out.get(f"{name}/budget_exhausted", 0)
             if lost or exhausted:
-                raise StageIncomplete(stage, lost, stats, exhausted,
-                                      out.get(f"{stage}/budget_note", ""))
+                raise StageIncomplete(name, lost, stats, exhausted,
+                                      out.get(f"{name}/budget_note", ""))
             record_finished(run, stage, fingerprint)
     finally:
         if close:
@@ -206,9 +208,9 @@ def run_stages(cfg: Config, run: RunDir, stages: tuple[str, ...] | None = None,
     return stats
 
 
-def runner(stage: str) -> StageRunner:
+def runner(stage: Stage) -> StageRunner:
     """The `run_stage` of the stage's module (wim/stages.py names it)."""
-    return importlib.import_module(stage_named(stage).module).run_stage
+    return importlib.import_module(stage.module).run_stage
 
 
 def _report(run: RunDir) -> dict[str, Any]:

@@ -237,9 +237,9 @@ def test_a_price_changes_the_reports_fingerprint_only(tmp_path: Path) -> None:
     priced = load_config(QUICKSTART, [*base, HTTP_PRICE, JUDGE_PRICE])
     cheaper = load_config(QUICKSTART, [*base, HTTP_PRICE, JUDGE_PRICE.replace("10.0", "9.0")])
     run = RunDir(tmp_path / "run")
-    for stage in (s.name for s in STAGES):
+    for stage in STAGES:
         prints = {input_fingerprint(c, run, stage, None, None) for c in (plain, priced, cheaper)}
-        assert len(prints) == (3 if stage == "report" else 1), stage
+        assert len(prints) == (3 if stage.name == "report" else 1), stage.name
     assert "price" not in json.dumps(plain.to_dict())  # a config without prices reads as before
 
 

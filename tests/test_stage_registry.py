@@ -63,14 +63,15 @@ def test_a_stage_added_to_the_table_runs_is_fingerprinted_and_reported(fake_stag
     assert (run_path / "fake.txt").read_text() == "4 pairs, lora.r=8\n", done.stderr
     assert "skipped" in run_wim(["fake", str(run_path), "--no-progress"]).stderr
     # Its fingerprint covers the section and the input file the table names, nothing else.
-    before = input_fingerprint(cfg, run, "fake", None, None)
+    fake = stages.stage_named("fake")  # found in the table, as the pipeline finds it
+    before = input_fingerprint(cfg, run, fake, None, None)
     other = load_config(QUICKSTART, ["prompts.holdout=0", "lora.r=4"])
-    assert input_fingerprint(other, run, "fake", None, None) != before
+    assert input_fingerprint(other, run, fake, None, None) != before
     unrelated = load_config(QUICKSTART, ["prompts.holdout=0", "dpo.beta=0.3"])  # train's
-    assert input_fingerprint(unrelated, run, "fake", None, None) == before
+    assert input_fingerprint(unrelated, run, fake, None, None) == before
     with (run_path / "pairs.jsonl").open("a") as f:
         f.write("\n")
-    assert input_fingerprint(cfg, run, "fake", None, None) != before
+    assert input_fingerprint(cfg, run, fake, None, None) != before
 
     run_wim(["report", str(run_path), "--no-progress"])
     report = json.loads((run_path / "report.json").read_text())

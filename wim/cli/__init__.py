@@ -174,15 +174,17 @@ def _train_distributed(cfg, out: Path, args) -> int:
     from data_gen.fingerprints import input_fingerprint, record_finished
     from training.placement import process_state
     from training.train import train_run
-    run = RunDir(out)
+    from wim.stages import stage_named
+
+    run, train = RunDir(out), stage_named("train")
     state = process_state()
     with run.lock() if state.is_main_process else contextlib.nullcontext():
-        key = input_fingerprint(cfg, run, "train", None, None)
+        key = input_fingerprint(cfg, run, train, None, None)
         metrics = train_run(cfg, run, progress=not args.no_progress and state.is_main_process,
                             resume_key=key)
         state.wait_for_everyone()
         if state.is_main_process:
-            record_finished(run, "train", key)
+            record_finished(run, train, key)
             print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)},
                              indent=2))
     return 0
