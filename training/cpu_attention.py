@@ -11,13 +11,8 @@ sampling and judging, which run outside it, keep SDPA, and so does every model o
 float32. Eager attention keeps each layer's `[batch, heads, length, length]` probabilities for
 the backward, so sequences longer than `EAGER_MAX_LENGTH` keep SDPA, whose memory grows with
 the length, not its square (a bound chosen, not measured: 1.1 GB for SmolLM2-135M at batch 8).
-
-The eager attention used is `bfloat16_eager_attention`, registered with transformers as
-`BFLOAT16_EAGER`: transformers' eager computes the softmax in float32 and casts its
-`[batch, heads, length, length]` probabilities back, two conversions forward and two backward;
-here the softmax reads and writes bfloat16 (it still sums in float32, and eager rounds its
-probabilities to bfloat16 as well), and the query heads that share a key/value head are one
-matrix product, without `repeat_kv`'s copies.
+The eager used, `bfloat16_eager_attention`, is transformers' without its float32 round trip of
+those probabilities and without its copies of the key/value heads.
 """
 
 from __future__ import annotations

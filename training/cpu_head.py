@@ -9,14 +9,10 @@ Neuron's from recompiling), in tiles of 4096 tokens x 32768 vocabulary columns: 
 float32 per tile, passed over a dozen times by the elementwise folds. On a CPU that memory
 traffic, not the matrix products, was most of a DPO step, in float32 and in bfloat16 alike.
 
-`score_completions_only` wraps the model's TRL forward: a call with `fused_lm_head=True` runs the
-backbone, keeps the completion positions, and feeds them `TOKEN_TILE` at a time to
-`training.cpu_logprobs.completion_log_probs`, the same computation as TRL's kernel with the
-arithmetic a CPU pays for (4096-column tiles of a few MB, so the folds stay in cache; in
-bfloat16 no float32 upcast for the gradient's product). The result has the same fields, shapes
-and values (to float rounding) as TRL's; any call it does not handle
-(other models' logit scaling or softcapping, pre-shifted labels, MoE router losses) goes to
-TRL's forward unchanged.
+`score_completions_only` scores the completion positions only, through
+training/cpu_logprobs.py's cache-sized tiles. The result has the same fields, shapes and values
+(to float rounding) as TRL's; any call it does not handle (other models' logit scaling or
+softcapping, pre-shifted labels, MoE router losses) goes to TRL's forward unchanged.
 """
 
 from __future__ import annotations

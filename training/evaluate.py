@@ -1,11 +1,10 @@
 """`wim eval DIR`: the trained policy against its base (and other runs) on held-out prompts.
 
 Each system answers the held-out prompts of DIR (`prompts.holdout`, DIR/split.json) once; the
-blind evaluator (wim/blind.py) compares the answers of two systems prompt by prompt, seeing only
-the question and the two answers; wim/statistics.py turns the verdicts into win rates with
-intervals and Holm-adjusted p-values. Written: DIR/eval.json, DIR/eval.md, and for audit
-DIR/eval/answers.jsonl and DIR/eval/verdicts.jsonl. As the eval stage of `wim run`
-(`run_stage`, after train) it runs when the config holds prompts out and `eval.in_run` is on.
+blind evaluator (wim/blind.py) compares two systems' answers prompt by prompt, and
+wim/statistics.py gives the win rates. Written: DIR/eval.json, DIR/eval.md, and for audit
+DIR/eval/answers.jsonl and DIR/eval/verdicts.jsonl. As the eval stage of `wim run` it runs
+after train when the config holds prompts out and `eval.in_run` is on.
 """
 
 from __future__ import annotations

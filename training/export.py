@@ -2,9 +2,8 @@
 as a plain transformers folder that loads without peft (docs/design.md, "Training: rounds,
 online DPO, devices").
 
-OUT loads with `AutoModelForCausalLM.from_pretrained(OUT)` without peft; the adapter merged is
-the run's adapter as `wim eval` finds it (`RunDir.final_adapter`: the last round's, else
-`DIR/train/adapter`; none there is an error naming the command that trains it).
+The adapter merged is the one `wim eval` evaluates (`RunDir.final_adapter`: the last round's,
+else `DIR/train/adapter`; none there is an error naming the command that trains it).
 """
 
 from __future__ import annotations

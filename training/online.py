@@ -5,7 +5,8 @@ the same weights with the adapter off; `changing`: the live model, adapter on) j
 their WIM score (`scoring.zeta`, the same formula and embedder as offline) is the reward. The
 higher score is chosen.
 
-What TRL does not do, done here:
+What TRL does not do, done here (the trainer, training/online_trainer.py, takes each pair's
+verdict from `WimReward.take_choice()`):
 - Ties. Two scores within `pairs.tie_tolerance` on the 1-10 scale tie (TRL compares exactly).
   `training.online_tie_policy: first` trains the tie with the first completion as chosen (the
   authors' code); `drop` takes the pair out of the loss. Either way the ties are counted
@@ -15,12 +16,7 @@ What TRL does not do, done here:
   with a failed judgement is taken out of the loss; with `authors` it is scored by the authors'
   fallback. Both are counted (`wim/failed`, `wim/fallback`).
 - The paper's statistics per step, from the same judgements: tie rate and winner-loser delta
-  for numeric (the rating) and WIM (the similarity), on the 1-10 scale.
-
-The trainer is `WimOnlineDPOTrainer` (training/online_trainer.py), a subclass of TRL's whose
-`training_step` takes each pair's verdict from `WimReward.take_choice()` (`choose_pair`): the
-higher score is chosen, a tie within `pairs.tie_tolerance` goes to the first completion or out
-of the loss, and the loss is the mean over the kept pairs of the step on every rank.
+  for numeric (the rating) and WIM (the similarity), on the 1-10 scale (wim/metrics.py).
 """
 
 from __future__ import annotations

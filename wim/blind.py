@@ -1,35 +1,26 @@
 """The blind outcome evaluator: which answer to a question is better, seen without context.
 
 It sees only the question and the answer(s): its public methods take nothing else, and the
-text it sends to its backend is one fixed template (wim/data/blind_*.txt) plus the question and
-the answers (a test records what a real server receives). It never sees the run, the round,
-the judge, the scores or the config, so the training signal cannot game it.
+text it sends to its backend is one fixed template (wim/data/blind_*.txt) plus those texts (a
+test records what a real server receives). It never sees the run, the round, the judge, the
+scores or the config, so the training signal cannot game it.
 
 - `pairwise`: each pair is judged in both orders (A/B, then B/A) to cancel position bias; a
   winner counts only when both orders name the same answer, anything else that parsed is a tie.
-  Two identical answers are a tie without a call (both orders would be the same prompt).
+  Two identical answers are a tie without a call.
 - `pointwise`: one 1-10 score per answer, mapped to [0, 1].
-
-Weighted verdicts (`verdict="weighted"`, the default; AlpacaEval's weighted annotators read the
-verdict token's probability the same way): each order also gives the evaluator's probabilities
-of A, B and tie at the verdict position, read from `Completion.top_logprobs`
-(`verdict_probabilities`). On the transformers backend they are the guided step's distribution
-over the allowed verdict tokens; on an OpenAI-compatible server (asked for JSON with a
-`verdict` enum, so the server's guided decoding restricts that position the same way) they are
-the `top_logprobs` of the verdict token. Per prompt the preference for a is
-p = (P_ab(a better) + P_ba(a better)) / 2, a tie's probability split in half, so position bias
-cancels by construction. An order without probabilities (a server that returns none) counts
-its hard verdict as probability 1 (source `hard`), and the caller counts and reports those.
-
-A verdict whose reason copies a placeholder of the template ("<one short sentence>") is a
-failed parse too, as an echoed rubric is for the judge: the model filled in the format, not an
-opinion. A verdict that does not parse is re-asked (sampling, new seed) up to `max_retries`
-times, then recorded as a failure with its reason and the raw texts: never a win for either
-side, never a neutral score. A backend failure is a failure too (`failure` starts with "backend
-failed"). Local backends are walked through the format as the judge is: the assistant turn is
-prefilled with "Reason:", and on the transformers backend the label ("Verdict:"/"Score:") is
-forced after one line and the value is restricted to the valid choices (A, B, tie; 1..10) by
-guided decoding (wim/backends/guided.py): the model's most likely valid choice, still parsed.
+- Weighted verdicts (`verdict="weighted"`, the default, as AlpacaEval's weighted annotators):
+  each order also gives the probabilities of A, B and tie at the verdict token, and per prompt
+  the preference for a is p = (P_ab(a better) + P_ba(a better)) / 2, a tie's probability split
+  in half, so position bias cancels by construction. An order without probabilities counts its
+  hard verdict as probability 1 (source `hard`), and the caller counts and reports those.
+  docs/design.md, "Blind outcome evaluation", says where each backend's probabilities come from
+  and how local backends are walked through the format.
+- A verdict that does not parse, or whose reason copies a placeholder of the template ("<one
+  short sentence>": the format filled in, not an opinion), is re-asked (sampling, new seed) up
+  to `max_retries` times, then recorded as a failure with its reason and the raw texts: never a
+  win for either side, never a neutral score. A backend failure is a failure too (`failure`
+  starts with "backend failed").
 """
 
 from __future__ import annotations

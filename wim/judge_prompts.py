@@ -2,13 +2,11 @@
 
 Prompt building is kept apart from output parsing (wim/parsing.py); both are pure. The
 instruction templates are package data (wim/data/judge_prompt*.txt) with one str.format field,
-`{criteria}`. Small local judges are driven with a prefill: the caller starts the assistant turn
-with `MISSING_PREFILL` (`RATING_PREFILL` in numeric mode), lets the model continue, then appends
-"\\n" + `RATING_PREFILL` and lets it continue again. The parser expects the full assistant text,
-prefills included.
-
-`prompt="authors"` (wim mode only) asks for the WIM authors' structure instead, in our own words
-(judge_prompt_authors.txt): a short explanation, `[[N]]`, then `[[[what is missing]]]`.
+`{criteria}`. A caller that prefills starts the assistant turn with `MISSING_PREFILL`
+(`RATING_PREFILL` in numeric mode) and later appends "\n" + `RATING_PREFILL`; the parser expects
+the full assistant text, prefills included. `prompt="authors"` (wim mode only) asks for the WIM
+authors' structure in our own words (judge_prompt_authors.txt): an explanation, `[[N]]`, then
+`[[[what is missing]]]`.
 """
 
 from __future__ import annotations

@@ -6,13 +6,10 @@ llama.cpp, or an OpenAI-compatible server). Roles:
 - changing: the policy being trained, so the judge moves with training;
 - external: any other model.
 
-A server (HTTP backend) is asked for the format as JSON, `{"missing": ..., "rating": N}`
-(`guided_json`; it falls back to plain text where the server refuses a schema). With a backend
-that can prefill the assistant turn, a local judge is walked through the format:
-first "Missing:" is continued up to the rating, then "Rating:" is continued. Small models keep
-the format far more often that way; the parser still checks every value. With the authors'
-prompt (`prompt="authors"`) the explanation is written up to "[[", then the rating up to "]]",
-then the critique inside "[[[" ... "]]]".
+A server is asked for the format as JSON, `{"missing": ..., "rating": N}` (it falls back to
+plain text where the server refuses a schema). A backend that can prefill the assistant turn is
+walked through the format field by field: small models keep the format far more often that
+way. Either way the parser (wim/parsing.py) still checks every value.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The stages of a run, in one table: what each is called, which module runs it, what it reads
 and writes, and its command.
 
-`STAGES` is the one list. The command line (`wim --help`, one command per stage with `help`),
-`wim run`'s order, the pipeline (data_gen/pipeline.py), the fingerprints that skip finished
-stages (data_gen/fingerprints.py) and the report's metrics (wim/report/build.py) all read it, at
-call time. Adding a stage: an entry here and a module with `run_stage` (data_gen/pipeline.py's
-`StageRunner`).
-
-A stage's runner is named by its module, not imported: wim imports neither data_gen nor
-training (docs/design.md, "Layout"); the pipeline imports a stage's module when it runs it.
-tests/test_stage_registry.py adds a fake stage to the table and sees it as a command, run,
-fingerprinted and reported. The eval stage (training/evaluate.py, also `wim eval DIR`) runs when
-the config holds prompts out (`prompts.holdout`) and `eval.in_run` is on; the report shows its
-eval.json first.
+`STAGES` is the one list, in `wim run`'s order: the command line, the pipeline
+(data_gen/pipeline.py), the fingerprints (data_gen/fingerprints.py) and the report read it, so
+adding a stage is an entry here and a module with `run_stage` (data_gen/pipeline.py's
+`StageRunner`); tests/test_stage_registry.py checks that. A stage's runner is named by its
+module, not imported: wim imports neither data_gen nor training (docs/design.md, "Layout").
+A name is looked up (`stage_named`) once, where it comes in; the code after that takes the
+`Stage`.
 """
 
 from __future__ import annotations

@@ -3,26 +3,23 @@
 One comparison is a list of per-prompt outcomes for system a against system b: 1 (a won),
 0.5 (tie) or 0 (b won); failed verdicts are left out and counted apart. Each number is named
 for the rate it is about, and every interval is the interval of that rate:
-- sign test: exact two-sided binomial test of wins against losses, ties left out
-  (`scipy.stats.binomtest`, p = 0.5), with ITS interval: `decisive_rate` = wins / (wins +
-  losses) and `decisive_95`, the exact Clopper-Pearson interval of that rate
-  (`binomtest(...).proportion_ci(method="exact")`). p < 0.05 exactly when 0.5 is outside it;
+- sign test: exact binomial test of wins against losses, ties left out, with ITS interval:
+  `decisive_rate` = wins / (wins + losses) and `decisive_95`, that rate's exact
+  Clopper-Pearson interval. p < 0.05 exactly when 0.5 is outside it;
 - win rate: mean outcome, ties counted as half, with `bootstrap_95`, the paired bootstrap
-  interval (prompts resampled with both systems' answers together; `scipy.stats.bootstrap`,
-  percentile, seeded). An outcome of 0, 1/2 or 1 is not a yes/no, so no binomial interval fits
-  this rate. When every outcome is equal there is no interval (None, and a note saying so);
-- Holm correction over every comparison of one report (statsmodels `multipletests`), and the
-  power of the design: the smallest p any result could reach with n prompts
-  (`min_attainable_p`, all n decided one way) and its Holm-adjusted value over m comparisons;
+  interval (prompts resampled with both systems' answers together, seeded). An outcome of 0,
+  1/2 or 1 is not a yes/no, so no binomial interval fits this rate. When every outcome is equal
+  there is no interval (None, and a note saying so);
+- Holm correction over every comparison of one report, and the power of the design: the
+  smallest p any result could reach with n prompts (`min_attainable_p`) and its Holm-adjusted
+  value over m comparisons;
 - sensitivity: the win rate with failed verdicts counted as losses, and as wins;
 - weighted preference (the lead number of `wim eval`): per prompt p in [0, 1], the evaluator's
   probability that a is better averaged over both orders (wim/blind.py). `mean_test`: the
-  one-sample t-test of the mean p against 0.5 with ITS t interval of the mean (scipy
-  `ttest_1samp(...).confidence_interval()`): p < 0.05 exactly when 0.5 is outside the 95%
-  interval, by construction. A t-test rather than Wilcoxon's signed-rank test because the
-  number reported is the mean preference (a win rate), and the t-test is the test of that mean
-  with that mean's interval; Wilcoxon tests a pseudo-median, whose interval (Hodges-Lehmann)
-  would be of another quantity. `weighted_power`: what the t-test could detect at this n;
+  one-sample t-test of the mean p against 0.5 with ITS t interval of the mean, so p < 0.05
+  exactly when 0.5 is outside the 95% interval. Not Wilcoxon's signed-rank test: it tests a
+  pseudo-median, whose interval (Hodges-Lehmann) is of another quantity than the mean reported.
+  `weighted_power`: what the t-test could detect at this n;
 - length-adjusted win rate: wim/length_control.py (our heuristic and AlpacaEval 2.0's GLM).
 """
 

@@ -9,11 +9,9 @@ more than writing the answer. The guide only decides *where* the rating goes and
 written in digits; which number is the model's choice, and the parser still checks it (0 or
 11 still fail).
 
-With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings
-(a token trie): the model's most likely valid choice is taken, the rest of the vocabulary is
-masked. With `record=True` each row also keeps that step's distribution: the log-softmax of the
-model's logits over the allowed first tokens of the choices (`_Row.value_top`, at generated
-position `_Row.value_position`), which the backend returns as `Completion.top_logprobs`.
+With `choices` (the blind evaluator's "A", "B", "tie"), the value is restricted to those strings:
+the model's most likely valid choice is taken. With `record=True` that step's log-softmax over
+the allowed first tokens is kept, which the backend returns as `Completion.top_logprobs`.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ URLs from any thread, every request of every caller under one in-flight cap (doc
 
 aiohttp on an asyncio event loop in one background thread per client: of the HTTP clients, it
 costs the least CPU per request, and on a driver's few cores that CPU decides how many requests
-a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py). Callers in other
-threads hand it work and wait (`post_json`, `post_many`, `run`); coroutines on its loop
-(`request`) share `concurrency` slots over all base URLs, first come, first served (a stage's
+a second it sends (docs/benchmarks.md, tests/benchmarks/bench_scale.py). Requests of every
+caller share `concurrency` slots over all base URLs, first come, first served (a stage's
 earlier batches go first), so a finished request is replaced at once from whichever caller.
 
 An attempt holds a slot, a backoff does not. A connect error, a dropped connection, a timeout

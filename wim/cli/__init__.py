@@ -1,11 +1,10 @@
 """The `wim` command: the entry point and the command layer, at the top of the layers
 (wim <- data_gen <- training), so it alone may call every package (docs/design.md, "Layout").
 
-`main` parses the arguments (parser.py) and runs the command's function from `COMMANDS`: `wim
-run`, the single stages (each one module, listed in wim/stages.py), merge and export here;
-evaluation.py and refinement.py the rest. What every command shares is written once: the lock on
-the folder it writes (`RunDir.lock()`, named after the command line) and the exit codes. Heavy
-imports happen inside the commands, so `wim --help` stays fast.
+Each command is one function of `COMMANDS` (the stages are wim/stages.py's). What every command
+shares is written once: the lock on the folder it writes (`RunDir.lock()`, named after the
+command line) and the exit codes (`main`). Heavy imports happen inside the commands, so
+`wim --help` stays fast.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
 Every field carries its help text. Unknown keys and out-of-range values raise `ConfigError`
 with the file and the dotted key, so a typo never silently falls back to a default.
-`--set section.key=value` overrides any field (the value is parsed as YAML). `Config` (here)
-holds one dataclass per YAML section, each in the module of the stage that reads it (imported
-below); checks.py checks ranges and combinations, yaml_dataclasses.py reads YAML into the
-dataclasses (a `Literal` field takes only its values). Import any of them from `wim.config`.
+`--set section.key=value` overrides any field (the value is parsed as YAML). Each section's
+dataclass lives in the module of the stage that reads it; import any of them from `wim.config`.
 """
 
 from __future__ import annotations

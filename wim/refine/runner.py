@@ -1,11 +1,9 @@
 """`wim refine`: one hard-cap master trajectory per question, then every policy from it.
 
-The loop, per attempt t = 1..max_attempts, for all questions at once (batched):
-G writes a candidate C_t from the retained answer and E_L's feedback on it (the WIM critique
-and the weakest criteria); E_L evaluates C_t; the verifier casts M votes on it (when the VRR
-policies are on); the controller decides whether C_t replaces the retained answer. Every
-attempt, score, decision with its reason, and token count goes to DIR/refine/trajectories.jsonl.
-The policies (wim/refine/stopping.py), the blind outcome evaluator and the statistics follow in
+Each attempt, for all questions at once (batched), is one candidate from the retained answer
+and E_L's feedback on it, evaluated, voted on (when the VRR policies are on) and accepted or
+not by the controller. Every attempt, score, decision with its reason, and token count goes to
+DIR/refine/trajectories.jsonl; the policies, the blind outcome and the statistics follow in
 wim/refine/summary.py. The run is not resumable: a killed run starts again from attempt 0.
 """
 

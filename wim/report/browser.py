@@ -2,13 +2,10 @@
 prompts (docs/design.md, "The report").
 
 One entry per preference pair, plus one per prompt that gave no pair (its best and worst samples
-tied, or too few judgements parsed). Failed judgements come first, then a seeded sample, so that
-the page of a 100k-prompt run stays a few MB; the full data stays in the jsonl files.
-
-Built from the run directory alone: scores.jsonl (every judgement with its scores;
-judgements.jsonl when the run was never scored), pairs.jsonl (which samples were paired).
-Failed judgements are kept, with the judge's raw text and the parse error, so a reader can see
-what went wrong.
+tied, or too few judgements parsed), built from the run directory alone. Failed judgements come
+first, with the judge's raw text and the parse error, so a reader sees what went wrong; then a
+seeded sample, so that the page of a 100k-prompt run stays a few MB. The full data stays in the
+jsonl files.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@ source) and the markdown helpers build.py shares.
 
 Rounds. `report.json` holds a `rounds` key when the run has more than one round of judging
 and training: a list of flat metric dicts, one per round, each with an integer `round` and the
-same `pairs/...` keys as the top level (`pairs/tie_rate/<system>`, `pairs/delta/<system>`,
-`pairs/count`, ...). It comes from a stage's stats (`stats/*.json` holding `rounds` as that
-list, or as a dict keyed by round) or, failing that, is derived from `DIR/rounds/<r>/scores.jsonl`
-(and `DIR/rounds/<r>/pairs.jsonl` for the pair count). A run of one round has no `rounds` key;
-its plot shows the top-level numbers as round 0.
+same `pairs/...` keys as the top level. A stage's stats give it (`collect_rounds`), else the
+rounds' own folders. A run of one round has no `rounds` key; its plot shows the top-level
+numbers as round 0.
 """
 
 from __future__ import annotations
