@@ -6,8 +6,7 @@ What a caller relies on:
   over judgements.jsonl and scores.jsonl for the judge and pair statistics (counters, never the
   records in a list); a run without scores.jsonl is a clear error naming `wim score`;
 - costs are priced at the config's prices now, not those stored by each stage;
-- `write_report_json` is the one writer of report.json (the run's, the rounds' and online
-  DPO's): sorted keys, NaN written as null;
+- report.json has one writer, `write_report_json`;
 - with the bundled 135M judge, report.md and report.html say that its numbers show the stages
   run, not that WIM beats numeric ratings (`SMALL_JUDGE_NOTE`).
 """
