@@ -3,19 +3,19 @@ Batches API at judge.http's first base URL (through the `openai` SDK), and the b
 brought back (docs/design.md, "Judging", "Batch files"). What it promises:
 
 - Nothing is submitted twice. Each step is recorded in DIR/batch/submitted.json before and after
-  its call; a call whose reply was lost is found again (its upload by name, its batch by input
-  file, through every page of the lists) before it is repeated. An upload's name holds a nonce
-  of this submitted.json and the file's content hash, so a new submission never finds an old
-  upload, nor the old (expired, cancelled, failed) batch that ran it.
-- Rounds. Round 0 is DIR/batch/requests-*.jsonl. A batch that ends (`completed`, `expired`,
-  `cancelled`, `failed`) has its output and error files downloaded once to output-<file>, and
-  their failed lines summarised by message. The judge stage (judge_batch.py) takes every answer
-  in and writes the requests still without one to round r+1 (resubmit-<r+1>-*.jsonl);
-  `--batch-submit` sends the newest round only, so an answered request is never paid twice.
+  its call; a create whose reply was lost is found again (its upload by name, its batch by input
+  file, through every page of the lists) before it is repeated, so the SDK's own retries are off
+  for creates and on for reads. An upload's name holds a nonce of this submitted.json and the
+  file's content hash, so a new submission never finds an old upload, nor the old (expired,
+  cancelled, failed) batch that ran it.
+- A batch that has ended (`completed`, `expired`, `cancelled`, `failed`) has its output and
+  error files downloaded once, to output-<file> (a completed batch whose every line failed has
+  no output file), and its failed lines' distinct messages logged with their counts. Only the
+  newest round's request files are sent; how rounds follow one another is in design.md.
 - What a line means (`line_outcome`): a 200 is an answer. A line in the `error` shape
   (batch_expired, batch_cancelled, request_timeout) or with a 5xx, 408 or 429 is a request
-  without an answer, sent again up to judge.batch_resubmits times. Any other status (a 4xx) is
-  a final failure: the API refused the request and would refuse it again.
+  without an answer, worth sending again. Any other status (a 4xx) is refused: the API refused
+  the request and would refuse it again.
 """
 
 from __future__ import annotations

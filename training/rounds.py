@@ -1,16 +1,18 @@
 """`training.rounds`: sample -> judge -> score -> pairs -> train, R times, the judge changing.
 
-Round r is a run directory of its own, `DIR/rounds/<r>/` (the same contract: samples,
-judgements, scores, pairs, train/, stats/, report.json), whose config is the run's with
-`policy.adapter` set to round r-1's adapter. So in round r the policy samples with that adapter
-on, the changing judge judges with it on and the fixed judge with it off; training continues it
+Round r is a run directory of its own, `DIR/rounds/<r>/` (the same contract: its own
+resolved_config.yaml, samples, judgements, scores, pairs, train/, stats/ and fingerprints,
+report.json), whose config is the run's with `policy.adapter` set to round r-1's adapter (an
+absolute path). So in round r the policy samples with that adapter on, the changing judge
+judges with it on and the fixed judge with it off (`adapters_off`); training continues it
 (`training.adapter: continue`) or trains a fresh one on the base. One round (the default) is the
 run directory itself, exactly as before.
 
 The model is loaded once (`Resources.lm`) and trained in place; every stage of every round
 uses that one copy. A killed run resumes where it stopped: finished stages of every round are
 skipped by their fingerprints, and a round whose previous adapter changed since it ran (say, a
-new dpo setting retrained round 1) is started again, with every later round. The eval stage
+new dpo setting retrained round 1; `round.json` holds the sha256 of the adapter the round
+started from) is removed and run again, with every later round. The eval stage
 runs once, after the last round, in DIR itself (the final policy against the base).
 """
 

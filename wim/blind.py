@@ -7,20 +7,21 @@ scores or the config, so the training signal cannot game it.
 
 - `pairwise`: each pair is judged in both orders (A/B, then B/A) to cancel position bias; a
   winner counts only when both orders name the same answer, anything else that parsed is a tie.
-  Two identical answers are a tie without a call.
-- `pointwise`: one 1-10 score per answer, mapped to [0, 1].
+  Two identical answers are a tie without a call (both orders would be the same prompt).
+- `pointwise`: one 1-10 score N per answer, mapped to [0, 1] as (N - 1) / 9.
 - Weighted verdicts (`verdict="weighted"`, the default, as AlpacaEval's weighted annotators):
   each order also gives the probabilities of A, B and tie at the verdict token, and per prompt
   the preference for a is p = (P_ab(a better) + P_ba(a better)) / 2, a tie's probability split
   in half, so position bias cancels by construction. An order without probabilities counts its
   hard verdict as probability 1 (source `hard`), and the caller counts and reports those.
+  `verdict="hard"`: the text alone.
   docs/design.md, "Blind outcome evaluation", says where each backend's probabilities come from
   and how local backends are walked through the format.
 - A verdict that does not parse, or whose reason copies a placeholder of the template ("<one
-  short sentence>": the format filled in, not an opinion), is re-asked (sampling, new seed) up
-  to `max_retries` times, then recorded as a failure with its reason and the raw texts: never a
-  win for either side, never a neutral score. A backend failure is a failure too (`failure`
-  starts with "backend failed").
+  short sentence>": the format filled in, not an opinion), is re-asked (sampling at
+  `retry_temperature`, new seed) up to `max_retries` times, then recorded as a failure with
+  its reason and the raw texts: never a win for either side, never a neutral score. A backend
+  failure is a failure too (`failure` starts with "backend failed").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What one blind verdict is, and how it is read: both orders of a pair combined, and the
-weighted preference from the verdict token's probabilities (wim/blind.py: where they come from)."""
+weighted preference from the verdict token's probabilities (docs/design.md, "Blind outcome
+evaluation": where they come from)."""
 
 from __future__ import annotations
 

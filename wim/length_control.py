@@ -12,7 +12,10 @@ term:
   1 - y); `LogisticRegressionCV(penalty="l1", solver="liblinear", fit_intercept=False,
   random_state=123)` over sklearn's default 10 Cs, `GroupKFold(5)` with a prompt's two rows in
   one group, scored by the log loss of the soft labels;
-- the rate: the mean prediction with the length term set to zero, sigmoid(theta_q).
+- the rate: the mean prediction with the length term set to zero, sigmoid(theta_q). Fewer
+  than 5 prompts: no rate. Sklearn's metadata routing (inside `config_context`) passes the
+  weights and groups. A test recomputes it with an independent solver; by hand it equalled
+  alpaca_eval's own function (Hub download stubbed) to 1e-15.
 Their leaderboard GLM (`length_controlled_v1`) adds a per-instruction difficulty and rows of
 their own verbose/concise GPT-4 answers, both read from AlpacaEval's 805 instructions by
 position: on other prompts it means nothing, so this is the GLM that applies to ours.
@@ -20,10 +23,11 @@ position: on other prompts it means nothing, so this is the GLM that applies to 
 Our own heuristic, under its own name: `length_adjusted` (the length-adjusted win rate, kept
 for the hard outcomes and its interval) is a logistic regression of the outcome on
 tanh(length difference / its standard deviation) (statsmodels `Logit`), read at zero length
-difference, with the fitted slope and a paired bootstrap interval. Unlike AlpacaEval's GLM it
-has no cross-validated L1 and reads hard outcomes: the slope is fitted on the a-vs-b prompts
+difference, with the fitted slope and a paired bootstrap interval (200 resamples, each
+refitted). Unlike AlpacaEval's GLM it has no cross-validated L1 (only under separation is the
+length term L1-penalized) and reads hard outcomes: the slope is fitted on the a-vs-b prompts
 alone, where length and quality are confounded, so on a few dozen prompts it is noise (the
-note says so).
+note says so below 50 verdicts).
 """
 
 from __future__ import annotations

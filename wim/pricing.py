@@ -1,9 +1,10 @@
 """What a run cost: the tokens the servers' `usage` reported, by kind, priced by `http.price`.
 
 The rules it keeps:
-- Tokens are counted from the records (samples.jsonl, judgements.jsonl), so a resumed run counts
-  each record once. A record holds `cached_tokens` and `reasoning_tokens` only where a server
-  reported some (`usage.prompt_tokens_details.cached_tokens`,
+- Tokens are counted from the records (samples.jsonl, judgements.jsonl), so a resumed or rescued
+  run counts each record once, and only what was answered (a 5xx, a timeout or a failed batch
+  line is not billed and has no record). A record holds `cached_tokens` and `reasoning_tokens`
+  only where a server reported some (`usage.prompt_tokens_details.cached_tokens`,
   `usage.completion_tokens_details.reasoning_tokens`); local models count prompt and completion
   tokens only, and nothing is estimated in their place.
 - Cached tokens are part of the prompt tokens, reasoning tokens part of the completion tokens,
@@ -13,8 +14,8 @@ The rules it keeps:
 - A judgement answered from a Batch API result line (`batch: true` in its record) is priced
   with `batch_discount` taken off, all its attempts included: with `judge.batch_retry: live`
   a parse retry asked live is priced at the batch price too.
-- A role served by a local model has no price, whatever `http.price` says: no cost key at all,
-  never a cost of 0.
+- A role served by a local model has no price, whatever `http.price` says (a local judge under
+  a priced `http:`): no cost key at all, never a cost of 0.
 """
 
 from __future__ import annotations

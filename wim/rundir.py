@@ -1,19 +1,8 @@
-"""The run directory: the contract between stages.
+"""The run directory: its layout (each file named here once), the run's identity and its lock.
 
-`resolved_config.yaml` records the config after overrides, its sha256, package versions and the
-git sha. The run's identity (the config that decides which samples and judgements exist: the
-"data" sections plus, when a backend is `http`, which server model answers) must match for a
-second run in the same folder; otherwise the run is refused before anything is written. With
-`generation.source`, the content sha256 of the source is part of it too (`source_sha256` in
-resolved_config.yaml): the same path with other responses in it is another run. The
-identity holds each dtype as resolved on this machine (`auto` -> float32 or bfloat16,
-wim/precision.py), so a run resumed where `auto` picks another dtype is refused, not mixed.
-Downstream sections (scoring, pairs, lora, dpo, ...) may change: the stages that depend on them
-are recomputed from the records already there.
-
-One writer at a time: every command that writes a run directory holds an exclusive `flock` on
-`DIR/.lock` for its whole life (`RunDir.lock`). The file records who holds it, so a second
-process fails at once and names the first.
+docs/design.md, "The run directory", is the contract between stages that this module keeps:
+the layout, what the run's identity holds (a second run with another identity is refused
+before anything is written), and one writer at a time (`RunDir.lock`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""WIM scores (Stranges & Yang, 2026), exactly as the authors' public formula.
-
-    rating_norm = (N - 5) / 5                       for an integer rating N in 1..10
-    similarity  = cos(E(response), E(critique))     1.0 when nothing is missing
-    score       = (1 - zeta) * rating_norm + zeta * similarity
-
-zeta = 1 is pure WIM, zeta = 0 pure numeric. Reports put every score on one 1-10 scale
-with `x * 5 + 5`, so numeric and WIM deltas compare directly.
+"""WIM scores (Stranges & Yang, 2026), exactly as the authors' public formula: rating_norm,
+the critique's similarity and their mix by zeta (docs/design.md, "Methods", has the formula and
+the 1-10 scale reports use).
 """
 
 from __future__ import annotations

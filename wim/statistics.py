@@ -5,10 +5,12 @@ One comparison is a list of per-prompt outcomes for system a against system b: 1
 for the rate it is about, and every interval is the interval of that rate:
 - sign test: exact binomial test of wins against losses, ties left out, with ITS interval:
   `decisive_rate` = wins / (wins + losses) and `decisive_95`, that rate's exact
-  Clopper-Pearson interval. p < 0.05 exactly when 0.5 is outside it;
+  Clopper-Pearson interval. For p = 0.5 the two-sided p is twice the smaller tail, so
+  p < 0.05 exactly when 0.5 is outside it (a test checks every record up to n = 40);
 - win rate: mean outcome, ties counted as half, with `bootstrap_95`, the paired bootstrap
   interval (prompts resampled with both systems' answers together, seeded). An outcome of 0,
-  1/2 or 1 is not a yes/no, so no binomial interval fits this rate. When every outcome is equal
+  1/2 or 1 is not a yes/no, so no binomial interval fits this rate (a Wilson interval on
+  wins + ties/2 once contradicted the test both ways). When every outcome is equal
   there is no interval (None, and a note saying so);
 - Holm correction over every comparison of one report, and the power of the design: the
   smallest p any result could reach with n prompts (`min_attainable_p`) and its Holm-adjusted

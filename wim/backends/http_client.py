@@ -20,8 +20,9 @@ its own limit and a request goes to the freest.
 A URL that refuses connections (or cannot be reached) is down for a cooldown (2 s, doubling
 while it stays down, at most 60 s) and requests go round-robin over the others; one that could
 not connect reached no server, so it moves to an up URL at once, without a backoff or a retry
-(a failover, once per other URL). After the cooldown one request probes the URL; a success
-brings it back. When every URL is down, requests go round-robin over all and wait out backoffs.
+(a failover, once per other URL, so `max_retries: 0` still fails over). After the cooldown
+one request probes the URL; a success brings it back. When every URL is down, requests go
+round-robin over all and wait out backoffs.
 
 Counts (`stats`; the stages report them as `http/<role>/<name>`): `requests` (attempts sent),
 `retries`, `failures` (requests given up), `failovers`; per base URL, by its position,
