@@ -386,41 +386,12 @@ def test_auto_concurrency_keeps_slots_busy_when_latency_varies():
 def test_auto_concurrency_finds_the_knee_of_a_batching_server():
     """No slots, no queue, no 429: past 16 in flight every decode step slows in proportion.
     `auto` serves at least 85% of the rate a fixed 16 (the knee) serves, and does not run up
-    the in-flight count, which would only add latency. (The old floor settled at 1: 12%.)
-    1,200 requests: slow start's first two windows (32 and 64 in flight, 2x and 4x the
-    knee's latency) would alone make the mean of a shorter run 2x a fixed 16's."""
+    the in-flight count, which would only add latency. (The old floor settled at 1: 12%.)"""
     fixed = Batched(16, 0.003, log_uniform(5, 50, seed=1))
     _run([fixed], 600, concurrency=16)
     auto = Batched(16, 0.003, log_uniform(5, 50, seed=1))
-    client = _run([auto], 1200, concurrency="auto")
+    client = _run([auto], 600, concurrency="auto")
     assert auto.rate() >= 0.85 * fixed.rate(), (auto.rate(), fixed.rate())
     # Slow start may pass the knee once (up to 4x) before it reads the rise; it settles near.
     assert client.stats["concurrency_limit"] <= 32 and auto.most <= 64, auto.most
     assert auto.latency() <= 2 * fixed.latency(), (auto.latency(), fixed.latency())  # 64: 2.8x
-
-
-def _window(limit: AutoLimit, clock: list, replies: int, every_s: float) -> None:
-    """`replies` replies to the current epoch, each 1 s long for 10 tokens (a flat latency, as
-    a doubling's first replies can read), one every `every_s`, with requests waiting."""
-    epoch = limit.epoch
-    for _ in range(replies):
-        clock[0] += every_s
-        limit.demand = True
-        limit.on_reply(epoch, 1.0, 10)
-
-
-@pytest.mark.parametrize("delivered", ["twice as much", "no more"])
-def test_slow_start_ends_when_a_doubling_delivers_no_more(delivered: str):
-    """A doubling whose latency reads flat but whose server delivers no more tokens a second
-    was queued: slow start ends there, back at the level before, after a probe at half. One
-    that delivers twice as much doubles again."""
-    clock = [0.0]
-    limit = AutoLimit(256, clock=lambda: clock[0])
-    start = limit.limit
-    _window(limit, clock, start, 0.01)
-    assert limit.limit == 2 * start
-    _window(limit, clock, 2 * start, 0.005 if delivered == "twice as much" else 0.01)
-    if delivered == "twice as much":
-        assert limit.limit == 4 * start and limit.settled == 4 * start
-    else:
-        assert (limit.limit, limit.settled) == (start // 2, start)

@@ -12,12 +12,6 @@ Rules it keeps:
   the reference. A window more than 1.2x the reference and 2.5 standard errors above it (the
   spread of the replies, both ratios) ends slow start; any other joins the reference, and the
   limit doubles while requests wait for slots.
-- A doubling must also deliver: each window's rate is the completion tokens of every reply
-  (of any epoch) from its first reply to its last, over that time. A doubling that delivered
-  under 1.25x the window before it (both with requests waiting) ends slow start too: the last
-  level was the server's size or more, so the limit goes back to it after a probe at half.
-  The latency alone misses this: a window's first replies after a change are the fastest
-  (the slow ones are still out), so a queued doubling can read flat.
 - The unloaded latency (the base) is measured, never a minimum (noise biases a minimum low, and
   the gradient then reads noise as a queue). When a doubling passed, the reference was not
   queued: it is the first base, and slow start's end sets the limit to 1.2 x limit / rise
@@ -35,7 +29,6 @@ Rules it keeps:
 from __future__ import annotations
 
 import math
-import time
 
 
 class AutoLimit:
@@ -54,11 +47,9 @@ class AutoLimit:
     PROBE_EVERY = 12
     KEEP = 0.5  # weight of the older base each time a window joins it
     EXIT_PROBE = 0.5  # slow start's end probes at half its estimate when no doubling passed
-    RATE_GAIN = 1.25  # slow start goes on while a doubling delivers this much more
 
-    def __init__(self, most: int, urls: int = 1, clock=time.monotonic) -> None:
+    def __init__(self, most: int, urls: int = 1) -> None:
         self.most = most
-        self._clock = clock
         self.limit = min(max(4, self.START // urls), most)
         self.epoch = 0  # bumped on each change: replies to requests sent before it not counted
         self.demand = False
@@ -71,9 +62,6 @@ class AutoLimit:
         self._doubled = False  # a doubling passed: the reference was not queued
         self._skip = False  # the window after a decrease
         self._sums = [0, 0.0, 0.0, 0.0, 0.0, 0.0]  # n, latency, tokens, and their squares
-        self._delivered = 0  # completion tokens of all replies so far
-        self._window_start, self._delivered_at_start = 0.0, 0  # at the window's first reply
-        self._loaded_rate: float | None = None  # tokens/s of the last window, while in demand
 
     @property
     def settled(self) -> int:
@@ -83,14 +71,10 @@ class AutoLimit:
     def on_reply(self, epoch: int, latency_s: float, tokens: int | None = None) -> bool:
         """A 200 to a request sent in `epoch` took `latency_s` for `tokens` completion tokens;
         True when the limit changed."""
-        t = max(1, tokens or 1)
-        self._delivered += t  # every reply counts here: the server's output, of any epoch
         if epoch != self.epoch:
             return False
+        t = max(1, tokens or 1)
         s = self._sums
-        now = self._clock()
-        if not s[0]:
-            self._window_start, self._delivered_at_start = now, self._delivered
         s[0] += 1
         s[1] += latency_s
         s[2] += t
@@ -105,14 +89,11 @@ class AutoLimit:
         ratio = latency / tokens_sum
         # The ratio estimator's variance: the spread of latency around ratio x tokens.
         spread = max(0.0, latency2 - 2 * ratio * cross + ratio * ratio * tokens2)
-        # What the server delivered: tokens a second, from the window's first reply to its last.
-        span = now - self._window_start
-        rate = (self._delivered - self._delivered_at_start) / span if span > 0 else None
         self._sums = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
         if self._skip:
             self._skip = False
             return False
-        return self._judge((latency, tokens_sum, spread), rate)
+        return self._judge((latency, tokens_sum, spread))
 
     def on_refusal(self, epoch: int) -> bool:
         """A 429 or 503 to a request sent in `epoch`: halve, once per epoch."""
@@ -122,10 +103,9 @@ class AutoLimit:
         self._probe_back = None
         return self._set(self.limit // 2)
 
-    def _judge(self, window: tuple[float, float, float], rate: float | None) -> bool:
-        loaded, self._loaded_rate = self._loaded_rate, rate if self.demand else None
+    def _judge(self, window: tuple[float, float, float]) -> bool:
         if self._slow:
-            return self._slow_start(window, loaded)
+            return self._slow_start(window)
         if self._probe_back is not None:  # a probe's window: the base, then back
             back, self._probe_back = self._probe_back, None
             self._probed_at, self._windows = self.limit, 0
@@ -148,7 +128,7 @@ class AutoLimit:
         step = self.GAIN * (target - self.limit)
         return self._set(self.limit + (math.ceil(step) if step > 0 else math.floor(step)))
 
-    def _slow_start(self, window: tuple[float, float, float], before: float | None) -> bool:
+    def _slow_start(self, window: tuple[float, float, float]) -> bool:
         if self._reference is not None:
             rise, noise = _rise(window, self._reference)
             if rise > self.HEADROOM and rise - 1 > self.Z * noise:
@@ -159,11 +139,6 @@ class AutoLimit:
                     return self._set(round(self.HEADROOM * self.limit / rise))
                 # The first window queued already: the estimate is high, probe deeper.
                 return self._probe(round(self.limit / rise), self.EXIT_PROBE)
-            if before and self._loaded_rate and self._loaded_rate < self.RATE_GAIN * before:
-                # Twice as many in flight delivered no more: the last level was the server's
-                # size or more, and the reference may have queued (its replies read low).
-                self._slow = False
-                return self._probe(self.limit // 2, self.EXIT_PROBE)
             self._doubled = True
         self._reference = _pooled(self._reference, window, 1.0)
         return self._set(self.limit * 2 if self.demand else self.limit)
