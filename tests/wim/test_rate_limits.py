@@ -395,3 +395,17 @@ def test_auto_concurrency_finds_the_knee_of_a_batching_server():
     # Slow start may pass the knee once (up to 4x) before it reads the rise; it settles near.
     assert client.stats["concurrency_limit"] <= 32 and auto.most <= 64, auto.most
     assert auto.latency() <= 2 * fixed.latency(), (auto.latency(), fixed.latency())  # 64: 2.8x
+
+
+def test_a_small_rise_in_slow_start_doubles_but_does_not_raise_the_reference():
+    """Slow start at 16, 32, 64 in flight reading 1.0, 1.15 and 2.4 s a reply: 1.15 is no
+    rise to end on (the bar is 1.2), but it may be a queue read low, so the reference stays
+    the first window's 1.0, and the limit settles at 1.2 x 64 / 2.4 = 32 (a reference raised
+    to 1.1 by pooling would give 35)."""
+    limit = AutoLimit(256)
+    for latency in (1.0, 1.15, 2.4):
+        epoch, replies = limit.epoch, limit.limit
+        for _ in range(replies):
+            limit.demand = True
+            limit.on_reply(epoch, latency, 1)
+    assert (limit.limit, limit.settled) == (32, 32)
